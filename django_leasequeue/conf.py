@@ -1,0 +1,173 @@
+"""Settings: the ``LEASEQUEUE`` dict, validated once into a frozen dataclass.
+
+Durations are seconds (int or float) or :class:`datetime.timedelta`; they are normalised to float
+seconds. Unknown keys are refused with a did-you-mean suggestion (the idea is Oban's schema
+validation). The cache is cleared on Django's ``setting_changed`` so ``override_settings`` works.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import lru_cache
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds a claim holds a job before another worker may take it; renewed by heartbeats.
+    "LEASE": 30.0,
+    # Heartbeat renewal interval; None means LEASE / 3.
+    "HEARTBEAT_INTERVAL": None,
+    "MAX_ATTEMPTS": 5,
+    # Exponential backoff: BACKOFF_BASE * 2 ** (attempt - 1), capped at BACKOFF_MAX, with jitter.
+    "BACKOFF_BASE": 2.0,
+    "BACKOFF_MAX": 3600.0,
+    "BACKOFF_JITTER": 0.5,
+    "POLL_INTERVAL": 1.0,
+    "REAPER_INTERVAL": 5.0,
+    "SHUTDOWN_GRACE": 30.0,
+    # None: any queue name is accepted. A dict or list restricts enqueue to those queues.
+    "QUEUES": None,
+    "DEFAULT_QUEUE": "default",
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "NOTIFY": True,
+    "NOTIFY_CHANNEL": "leasequeue",
+    # Finished (done/cancelled) jobs are deleted this many seconds after finishing; None keeps them.
+    "RETENTION": 7 * 24 * 3600.0,
+    "PRUNE_BATCH": 1000,
+    # Extra modules that register tasks, imported by workers besides each app's tasks.py / jobs.py.
+    "IMPORTS": (),
+    # A job snoozed more often than this is dead-lettered (a cap on runaway snoozing).
+    "MAX_SNOOZES": 100,
+}
+
+_DURATIONS = {
+    "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
+    "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION",
+}
+
+
+def to_seconds(value: float | int | timedelta | None, name: str) -> float | None:
+    """Normalise a duration (seconds or timedelta) to float seconds; None stays None.
+
+    Raises:
+        ConfigurationError: the value is neither a number nor a timedelta.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"LEASEQUEUE[{name!r}] must be seconds or a timedelta, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated ``LEASEQUEUE`` setting. Durations are float seconds."""
+
+    lease: float
+    heartbeat_interval: float
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    backoff_jitter: float
+    poll_interval: float
+    reaper_interval: float
+    shutdown_grace: float
+    queues: dict[str, dict[str, Any]] | None
+    default_queue: str
+    max_payload_bytes: int
+    notify: bool
+    notify_channel: str
+    retention: float | None
+    prune_batch: int
+    imports: tuple[str, ...] = field(default=())
+    max_snoozes: int = 100
+
+    def queue_allowed(self, name: str) -> bool:
+        """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
+        return self.queues is None or name in self.queues
+
+
+def build(raw: dict[str, Any] | None) -> Settings:
+    """Validate a raw ``LEASEQUEUE`` dict and return :class:`Settings`.
+
+    Raises:
+        ConfigurationError: unknown key (with a suggestion), wrong type, out of range, or a broken
+            cross-field rule (heartbeat interval must be below the lease, BACKOFF_MAX >= BACKOFF_BASE).
+    """
+    raw = dict(raw or {})
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, DEFAULTS, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigurationError("Unknown LEASEQUEUE setting(s): " + ", ".join(hints))
+    merged = {**DEFAULTS, **raw}
+    for key in _DURATIONS:
+        merged[key] = to_seconds(merged[key], key)
+    lease = merged["LEASE"]
+    if lease is None or lease <= 0:
+        raise ConfigurationError(f"LEASEQUEUE['LEASE'] must be > 0 seconds, got {lease!r}")
+    heartbeat = merged["HEARTBEAT_INTERVAL"] if merged["HEARTBEAT_INTERVAL"] is not None else lease / 3
+    if not 0 < heartbeat < lease:
+        raise ConfigurationError(
+            f"LEASEQUEUE['HEARTBEAT_INTERVAL'] ({heartbeat}) must be > 0 and below LEASE ({lease})"
+        )
+    for key in ("POLL_INTERVAL", "REAPER_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX"):
+        if merged[key] is None or merged[key] <= 0:
+            raise ConfigurationError(f"LEASEQUEUE[{key!r}] must be > 0, got {merged[key]!r}")
+    if merged["SHUTDOWN_GRACE"] is None or merged["SHUTDOWN_GRACE"] < 0:
+        raise ConfigurationError("LEASEQUEUE['SHUTDOWN_GRACE'] must be >= 0")
+    if merged["BACKOFF_MAX"] < merged["BACKOFF_BASE"]:
+        raise ConfigurationError("LEASEQUEUE['BACKOFF_MAX'] must be >= BACKOFF_BASE")
+    if not 0 <= merged["BACKOFF_JITTER"] <= 1:
+        raise ConfigurationError("LEASEQUEUE['BACKOFF_JITTER'] must be between 0 and 1")
+    max_attempts = merged["MAX_ATTEMPTS"]
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int >= 1, got {max_attempts!r}")
+    queues = merged["QUEUES"]
+    if queues is not None:
+        if isinstance(queues, (list, tuple, set, frozenset)):
+            queues = {str(q): {} for q in queues}
+        elif isinstance(queues, dict):
+            queues = {str(q): dict(cfg or {}) for q, cfg in queues.items()}
+        else:
+            raise ConfigurationError("LEASEQUEUE['QUEUES'] must be None, a list of names or a dict")
+    return Settings(
+        lease=lease,
+        heartbeat_interval=heartbeat,
+        max_attempts=max_attempts,
+        backoff_base=merged["BACKOFF_BASE"],
+        backoff_max=merged["BACKOFF_MAX"],
+        backoff_jitter=float(merged["BACKOFF_JITTER"]),
+        poll_interval=merged["POLL_INTERVAL"],
+        reaper_interval=merged["REAPER_INTERVAL"],
+        shutdown_grace=merged["SHUTDOWN_GRACE"],
+        queues=queues,
+        default_queue=str(merged["DEFAULT_QUEUE"]),
+        max_payload_bytes=int(merged["MAX_PAYLOAD_BYTES"]),
+        notify=bool(merged["NOTIFY"]),
+        notify_channel=str(merged["NOTIFY_CHANNEL"]),
+        retention=merged["RETENTION"],
+        prune_batch=int(merged["PRUNE_BATCH"]),
+        imports=tuple(merged["IMPORTS"]),
+        max_snoozes=int(merged["MAX_SNOOZES"]),
+    )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the validated settings (cached; cleared when ``LEASEQUEUE`` changes in tests)."""
+    from django.conf import settings
+
+    return build(getattr(settings, "LEASEQUEUE", None))
+
+
+def _on_setting_changed(*, setting: str, **_: Any) -> None:
+    if setting == "LEASEQUEUE":
+        get_settings.cache_clear()

@@ -1,0 +1,115 @@
+"""The :class:`JobContext` handed to ``takes_context=True`` handlers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+
+from .exceptions import JobCancelled, LeaseLost
+
+
+@dataclass(eq=False)
+class JobContext:
+    """What a running handler knows about its job and lease.
+
+    Attributes:
+        job_id (int): the job's primary key.
+        task (str), queue (str): the job's task name and queue.
+        attempt (int): 1 for the first claim, 2 for the first retry, ...
+        max_attempts (int): attempts before the job is dead-lettered.
+        lease_version (int): the fencing token of this attempt. Writes conditioned on it fail once
+            another worker holds the job.
+        worker_id (str): ``host:pid:name`` of this worker.
+        leased_until (datetime): aware, database time, updated by each renewal.
+        lease_seconds (float): lease length.
+    """
+
+    job_id: int
+    task: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    lease_version: int
+    worker_id: str
+    leased_until: datetime
+    lease_seconds: float
+    alias: str = "default"
+    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    completed_in_transaction: bool = False
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once this worker is known to have lost the lease (its outcome will be discarded)."""
+        return self._lost.is_set()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator asked to cancel the job (seen at the latest heartbeat)."""
+        return self._cancel.is_set()
+
+    def mark_lease_lost(self) -> None:
+        """Record that the lease is gone (called by the heartbeat and by fenced writes)."""
+        self._lost.set()
+
+    def mark_cancel_requested(self) -> None:
+        """Record that a cancel was requested (called by the heartbeat)."""
+        self._cancel.set()
+
+    def check_lease(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is known to be lost. Cheap: reads a flag."""
+        if self.lease_lost:
+            raise LeaseLost(f"job {self.job_id}: lease {self.lease_version} was lost")
+
+    def check_cancel(self) -> None:
+        """Raise :class:`JobCancelled` if an operator asked to cancel the job."""
+        if self.cancel_requested:
+            raise JobCancelled(f"job {self.job_id} was cancelled")
+
+    def heartbeat(self) -> bool:
+        """Renew the lease now, by ``lease_seconds`` from the database clock.
+
+        Returns:
+            True when renewed; False when the lease is lost (``lease_lost`` becomes True).
+        """
+        from . import store
+
+        renewed = store.job_renew([(self.job_id, self.lease_version, self.lease_seconds)], alias=self.alias)
+        renewal = renewed.get(self.job_id)
+        if renewal is None:
+            self.mark_lease_lost()
+            return False
+        self.leased_until = renewal.leased_until
+        if renewal.cancel_requested:
+            self.mark_cancel_requested()
+        return True
+
+    @contextmanager
+    def fenced_atomic(self) -> Iterator[None]:
+        """Run a block in a transaction that commits only if this worker still holds the lease,
+        and marks the job ``done`` in that same transaction.
+
+        The job row is locked and its fencing token re-checked first, so a stale worker (one that
+        was paused past its lease while another took the job) gets :class:`LeaseLost` and its
+        writes roll back: the handler's rows and the job's completion commit together or not at
+        all. Use it for the handler's final, business writes, on the job table's database.
+
+        Raises:
+            LeaseLost: the token is stale; nothing inside the block was committed.
+        """
+        from . import store
+
+        with transaction.atomic(using=self.alias):
+            if not store.job_lock_fenced(self.job_id, self.lease_version, alias=self.alias):
+                self.mark_lease_lost()
+                raise LeaseLost(f"job {self.job_id}: lease {self.lease_version} was lost before commit")
+            yield
+            done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
+            if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does
+                raise LeaseLost(f"job {self.job_id}: completion refused inside fenced_atomic")
+        self.completed_in_transaction = True

@@ -1,0 +1,60 @@
+"""Exceptions raised by django-leasequeue.
+
+Every error this package raises on purpose derives from :class:`LeaseQueueError`, so callers can
+catch the whole family in one clause.
+"""
+
+from __future__ import annotations
+
+
+class LeaseQueueError(Exception):
+    """Base class of every django-leasequeue error."""
+
+
+class ConfigurationError(LeaseQueueError):
+    """The ``LEASEQUEUE`` setting or a task declaration is invalid."""
+
+
+class EnqueueError(LeaseQueueError, ValueError):
+    """A job could not be enqueued because its input is invalid (bad argument, queue, priority...)."""
+
+
+class PayloadNotSerializable(EnqueueError, TypeError):
+    """An argument does not round-trip through JSON unchanged. The message names the argument."""
+
+
+class PayloadTooLarge(EnqueueError):
+    """The JSON-encoded arguments exceed ``LEASEQUEUE["MAX_PAYLOAD_BYTES"]``."""
+
+
+class UnknownTask(LeaseQueueError, LookupError):
+    """No task is registered under that name. Workers dead-letter such jobs; they never import them."""
+
+
+class LeaseLost(LeaseQueueError):
+    """The worker no longer holds the job's lease: its fencing token (``lease_version``) is stale.
+
+    Raised by :meth:`JobContext.check_lease` and by :meth:`JobContext.fenced_atomic` when the job
+    was reaped, released or re-claimed by another worker. The handler's fenced writes are rolled back.
+    """
+
+
+class JobCancelled(LeaseQueueError):
+    """Raised by :meth:`JobContext.check_cancel` when an operator asked to cancel the running job."""
+
+
+class Snooze(LeaseQueueError):  # noqa: N818 - the name is the verb, as in Oban and River
+    """Raise (or return) ``Snooze(seconds)`` from a handler to run the job again later.
+
+    The job goes back to ``ready`` with ``run_at = now + seconds`` (database time); the attempt is
+    not counted as a failure (see docs/flow-control.md for how snoozes count against attempts).
+
+    Args:
+        seconds (float): delay before the job is due again, in seconds (>= 0).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"Snooze seconds must be >= 0, got {seconds!r}")
+        super().__init__(f"snoozed for {seconds} s")
+        self.seconds = float(seconds)

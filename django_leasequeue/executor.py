@@ -1,0 +1,181 @@
+"""Run ONE claimed job: resolve its task, call the handler, classify the outcome, report it.
+
+Outcomes and what is written (all fenced on the job's token, through :mod:`store`):
+
+* handler returns a JSON value -> ``done`` (batched by the worker's completer), or already done
+  inside ``fenced_atomic()``;
+* handler raises anything, ``BaseException`` included (``SystemExit``, ``KeyboardInterrupt``,
+  ``MemoryError`` ...) -> a failed attempt: retry after backoff, or ``dead`` when attempts are
+  exhausted; a non-JSON return value is a failed attempt too (case C25);
+* ``Snooze(seconds)`` raised or returned -> ``ready`` again later, not a failure;
+* ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``;
+* ``LeaseLost`` or a refused write -> nothing is written; the outcome is discarded;
+* unknown task name -> ``dead`` at once with the reason; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError
+
+from . import registry, signals, store
+from .conf import Settings
+from .context import JobContext
+from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze, UnknownTask
+from .retry import Backoff, as_backoff
+from .runtime import close_broken_connections
+
+logger = logging.getLogger("django_leasequeue.executor")
+
+MAX_MESSAGE = 4000
+MAX_TRACEBACK = 20000
+
+
+def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str, Any]:
+    """Build the JSON error entry for a failed attempt; never raises, whatever ``exc`` is."""
+    cls = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the failure (case C25)
+        message = f"<unprintable {cls.__name__}>"
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:
+        tb = ""
+    return {"attempt": attempt, "type": f"{cls.__module__}.{cls.__qualname__}", "message": message[:MAX_MESSAGE],
+            "traceback": tb[-MAX_TRACEBACK:], "worker": worker}
+
+
+def with_reconnect(fn: Callable[[], Any]) -> Any:
+    """Call a store function; on a dropped connection, close it and try once more on a new one.
+
+    Every store write is fenced, so repeating one is safe: if the first attempt did commit, the
+    second finds the token or status changed and writes nothing.
+    """
+    try:
+        return fn()
+    except (OperationalError, InterfaceError):
+        close_broken_connections()
+        time.sleep(0.2)
+        return fn()
+
+
+class Executor:
+    """Runs claimed jobs for one worker process. Thread-safe; one instance per worker.
+
+    Args:
+        worker_id: ``host:pid:name``.
+        settings: validated settings (default backoff, snooze cap).
+        complete: callable ``(ctx, result_json)`` that records success (the worker's batched
+            completer); it reports lease loss itself.
+    """
+
+    def __init__(self, *, worker_id: str, settings: Settings, alias: str,
+                 complete: Callable[[JobContext, str | None], None]) -> None:
+        self.worker_id = worker_id
+        self.settings = settings
+        self.alias = alias
+        self.complete = complete
+        self.default_backoff = Backoff(base=settings.backoff_base, max=settings.backoff_max,
+                                       jitter=settings.backoff_jitter)
+
+    def run(self, job: store.ClaimedJob, ctx: JobContext) -> str:
+        """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs)."""
+        fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
+                  "token": job.lease_version}
+        try:
+            spec = registry.get_task(job.task)
+        except UnknownTask as exc:
+            return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
+        signals.emit("claimed", **fields)
+        try:
+            result = self._call(spec, job, ctx)
+            if isinstance(result, Snooze):
+                raise result
+        except Snooze as snooze:
+            return self._snooze(job, ctx, snooze.seconds, fields)
+        except JobCancelled:
+            return self._cancelled(job, ctx, fields)
+        except LeaseLost:
+            signals.emit("lease_lost", **fields)
+            return "lease_lost"
+        except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are failed attempts, not dead threads
+            if ctx.completed_in_transaction:
+                # fenced_atomic() committed the job as done; an error after it changes nothing.
+                logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
+                signals.emit("succeeded", **fields)
+                return "done"
+            backoff = as_backoff(spec.backoff, self.default_backoff)
+            try:
+                delay = max(0.0, float(backoff(job.attempts)))
+            except Exception:
+                logger.exception("job %s: backoff function failed; using the default", job.id)
+                delay = self.default_backoff.delay(job.attempts)
+            return self._fail(job, ctx, exc, retry_delay=delay, fields=fields)
+        if ctx.completed_in_transaction:
+            signals.emit("succeeded", **fields)
+            return "done"
+        try:
+            result_json = None if result is None else registry.json_dumps_result(result)
+        except PayloadNotSerializable as exc:
+            return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
+        self.complete(ctx, result_json)
+        return "done"
+
+    def _call(self, spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
+        args = list(job.args or [])
+        kwargs = dict(job.kwargs or {})
+        if spec.takes_context:
+            args.insert(0, ctx)
+        result = spec.func(*args, **kwargs)
+        if inspect.iscoroutine(result):
+            # Async handlers run to completion on a private event loop in this worker thread.
+            result = asyncio.run(result)
+        return result
+
+    def _fail(self, job: store.ClaimedJob, ctx: JobContext, exc: BaseException, *, retry_delay: float | None,
+              fields: dict[str, Any]) -> str:
+        error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
+        try:
+            outcome = with_reconnect(lambda: store.job_fail(job.id, job.lease_version, error,
+                                                            retry_delay=retry_delay, alias=self.alias))
+        except DatabaseError:
+            logger.exception("job %s: could not record the failure; the lease will expire", job.id)
+            return "unrecorded"
+        if outcome is None:
+            ctx.mark_lease_lost()
+            signals.emit("lease_lost", **fields)
+            return "lease_lost"
+        status, run_at = outcome
+        if status == "dead":
+            signals.emit("dead_lettered", error=error["type"], message=error["message"], **fields)
+        else:
+            signals.emit("retried", error=error["type"], run_at=run_at, **fields)
+        return status
+
+    def _snooze(self, job: store.ClaimedJob, ctx: JobContext, seconds: float, fields: dict[str, Any]) -> str:
+        outcome = with_reconnect(lambda: store.job_snooze(job.id, job.lease_version, seconds,
+                                                          max_snoozes=self.settings.max_snoozes,
+                                                          alias=self.alias))
+        if outcome is None:
+            ctx.mark_lease_lost()
+            signals.emit("lease_lost", **fields)
+            return "lease_lost"
+        signals.emit("snoozed" if outcome == "ready" else "dead_lettered", seconds=seconds, **fields)
+        return "snoozed" if outcome == "ready" else outcome
+
+    def _cancelled(self, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any]) -> str:
+        done = with_reconnect(lambda: store.job_cancel_leased(job.id, job.lease_version, alias=self.alias))
+        if not done:
+            ctx.mark_lease_lost()
+            signals.emit("lease_lost", **fields)
+            return "lease_lost"
+        signals.emit("cancelled", **fields)
+        return "cancelled"

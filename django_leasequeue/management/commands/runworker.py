@@ -1,0 +1,60 @@
+"""``manage.py runworker``: claim and run jobs until SIGTERM (or, with ``--burst``, until idle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_leasequeue.conf import get_settings
+from django_leasequeue.exceptions import ConfigurationError
+
+
+class Command(BaseCommand):
+    help = "Run a django-leasequeue worker: claim due jobs with leases and run them on threads."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--queues", default=None,
+                            help="comma-separated queues to serve; '*' (default) serves every queue")
+        parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
+        parser.add_argument("--lease", type=float, default=None,
+                            help="default lease in seconds for tasks without their own (default: LEASEQUEUE['LEASE'])")
+        parser.add_argument("--poll-interval", type=float, default=None,
+                            help="seconds between polls when no notification arrives (default: setting)")
+        parser.add_argument("--burst", action="store_true", help="exit once no due job is left")
+        parser.add_argument("--worker-id", default=None, help="name of this worker (host:pid:NAME)")
+        parser.add_argument("--no-notify", action="store_true", help="poll only; do not LISTEN")
+        parser.add_argument("--no-reaper", action="store_true", help="do not run the reaper sweep in this worker")
+        parser.add_argument("--with-scheduler", action="store_true",
+                            help="also run the scheduler in this process")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django_leasequeue.runtime import run_services
+        from django_leasequeue.worker import WorkerService
+
+        try:
+            settings = get_settings()
+        except ConfigurationError as exc:
+            raise CommandError(str(exc))
+        queues_opt = options["queues"]
+        queues = None if queues_opt in (None, "", "*") else [q.strip() for q in queues_opt.split(",") if q.strip()]
+        if queues is not None and settings.queues is not None:
+            unknown = [q for q in queues if q not in settings.queues]
+            if unknown:
+                raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be >= 1")
+        if options["lease"] is not None and options["lease"] <= 0:
+            raise CommandError("--lease must be > 0 seconds")
+        worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
+                               poll_interval=options["poll_interval"], burst=options["burst"],
+                               worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
+                               reap=not options["no_reaper"], settings=settings)
+        services = [worker]
+        if options["with_scheduler"]:
+            from django_leasequeue.scheduler import SchedulerService
+
+            services.append(SchedulerService())
+        code = run_services(services)
+        if code:
+            raise SystemExit(code)

@@ -1,0 +1,92 @@
+"""The reaper: takes back expired leases and prunes old finished jobs.
+
+A job whose ``leased_until`` has passed by database time goes back to ``ready`` (its claim counted
+as an attempt), or to ``dead`` when its attempts are exhausted, with "lease expired" recorded as
+the attempt's error. Reaping depends only on the job row's lease, never on worker rows or names
+(case C01), so a worker killed with SIGKILL loses nothing and needs no operator.
+
+Runs inside every worker (``WorkerService`` calls :func:`reap_once` every ``REAPER_INTERVAL``) and
+as ``manage.py runreaper``. Any number may run at once: the statement uses ``SKIP LOCKED`` and a
+compare-and-set on the expired lease, so two reapers never take back the same lease twice.
+
+Events emitted: lease_expired, dead_lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import datetime
+
+from . import signals, store
+from .conf import Settings, get_settings
+from .runtime import Service
+
+logger = logging.getLogger("django_leasequeue.reaper")
+
+REAP_BATCH = 500
+PROCESS_STALE_AFTER = 300.0
+
+
+def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: int = REAP_BATCH) -> list[store.Reaped]:
+    """Take back every expired lease (in batches of ``batch``); return what was reaped."""
+    reaped: list[store.Reaped] = []
+    while True:
+        rows = store.job_reap_expired(limit=batch, now=now, alias=alias)
+        reaped.extend(rows)
+        for row in rows:
+            fields = {"job_id": row.id, "task": row.task, "queue": row.queue, "attempt": row.attempts,
+                      "token": row.lease_version}
+            signals.emit("lease_expired", status=row.status, **fields)
+            if row.status == "dead":
+                signals.emit("dead_lettered", error="LeaseExpired", message="lease expired", **fields)
+        if len(rows) < batch:
+            return reaped
+
+
+def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
+    """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count."""
+    if settings.retention is None:
+        return 0
+    total = 0
+    while True:
+        deleted = store.job_prune(older_than=settings.retention, limit=settings.prune_batch, now=now, alias=alias)
+        total += deleted
+        if deleted < settings.prune_batch:
+            return total
+
+
+class ReaperService(Service):
+    """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, prune finished jobs and stale
+    process rows every minute."""
+
+    name = "reaper"
+
+    def __init__(self, *, interval: float | None = None, settings: Settings | None = None,
+                 process_id: str | None = None) -> None:
+        super().__init__()
+        self.settings = settings or get_settings()
+        self.interval = float(interval or self.settings.reaper_interval)
+        self.alias = store.db_alias()
+        self.process_id = process_id or f"{socket.gethostname()}:{os.getpid()}:reaper"
+        self._runs = 0
+        self.reaped = 0
+
+    def on_start(self) -> None:
+        store.process_register(process_id=self.process_id, kind="reaper", host=socket.gethostname(),
+                               pid=os.getpid(), queues=None, concurrency=0, alias=self.alias)
+
+    def run_once(self) -> float:
+        self.reaped += len(reap_once(alias=self.alias))
+        if self._runs % max(1, int(60 / self.interval)) == 0:
+            pruned = prune_once(self.settings, alias=self.alias)
+            stale = store.process_prune(older_than=PROCESS_STALE_AFTER, alias=self.alias)
+            if pruned or stale:
+                logger.info("pruned %d finished job(s) and %d stale process row(s)", pruned, stale)
+        self._runs += 1
+        store.process_heartbeat(self.process_id, alias=self.alias)
+        return self.interval
+
+    def on_stop(self) -> None:
+        store.process_deregister(self.process_id, alias=self.alias)

@@ -1,0 +1,467 @@
+"""Task registration (``@task``) and enqueueing (``enqueue``, ``enqueue_on_commit``).
+
+Only tasks registered here ever run: a worker looks a job's ``task`` name up in this registry and
+dead-letters names it does not know. It never imports a dotted path taken from a job row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .conf import get_settings
+from .exceptions import ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge, UnknownTask
+from .retry import BackoffLike
+
+if TYPE_CHECKING:
+    from .models import Job
+
+_REGISTRY: dict[str, Task] = {}
+_LOCK = threading.Lock()
+# Extra resolvers (the Django tasks backend registers one) consulted after the native registry.
+_RESOLVERS: list[Callable[[str], Any]] = []
+_autodiscovered = False
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler plus its queue options. Create with :func:`task`; immutable.
+
+    Calling the object calls the handler in-process (no queue). ``enqueue()`` writes a job;
+    ``using()`` returns a copy with other options (like Django's ``Task.using``).
+
+    Attributes:
+        func: the handler.
+        name (str): registry name stored in each job row.
+        queue (str), priority (int -100..100): defaults for enqueued jobs.
+        max_attempts (int | None): claims before dead-lettering; None means the setting.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``.
+        lease (float | None): lease length in seconds; None means the worker's default.
+        timeout (float | None): seconds after which heartbeats stop, so a hung handler loses its
+            lease and the job is retried elsewhere. None: no timeout.
+        takes_context (bool): the handler's first parameter receives the :class:`JobContext`.
+        manual_heartbeat (bool): renew only when the handler calls ``context.heartbeat()``
+            ("alive is not progressing").
+        concurrency_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over
+            the arguments; with ``concurrency_limit`` N at most N such jobs are leased at once.
+        concurrency_limit (int | None): see ``concurrency_key``.
+    """
+
+    func: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    backoff: BackoffLike | None = None
+    lease: float | None = None
+    timeout: float | None = None
+    takes_context: bool = False
+    manual_heartbeat: bool = False
+    concurrency_key: str | Callable[..., str] | None = None
+    concurrency_limit: int | None = None
+    # Options for the next enqueue, set through using().
+    run_at: datetime | timedelta | None = field(default=None, compare=False)
+    unique_key: str | None = field(default=None, compare=False)
+    unique_scope: str = field(default="retained", compare=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def using(self, **options: Any) -> Task:
+        """Return a copy with other options (``run_at``, ``queue``, ``priority``, ``unique_key``,
+        ``unique_scope``, ``max_attempts``, ``lease``, ``timeout``, ``backoff``).
+
+        Raises:
+            TypeError: an unknown option.
+        """
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
+                   "timeout", "backoff"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        return dataclasses.replace(self, **options)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Enqueue one job of this task in the caller's transaction. See :func:`enqueue`."""
+        return enqueue(self, args, kwargs)
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """Enqueue one job when the current transaction commits. See :func:`enqueue_on_commit`."""
+        enqueue_on_commit(self, args, kwargs)
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Async wrapper of :meth:`enqueue` (runs it in a thread with ``sync_to_async``)."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+
+def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
+         priority: int = 0, max_attempts: int | None = None, backoff: BackoffLike | None = None,
+         lease: float | None = None, timeout: float | None = None, takes_context: bool = False,
+         manual_heartbeat: bool = False, concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Any:
+    """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
+
+    Args:
+        name: registry name; default ``"<module>.<qualname>"``.
+        queue: default queue; None means ``LEASEQUEUE["DEFAULT_QUEUE"]``.
+        priority: -100..100, higher first.
+        max_attempts: claims before dead-lettering (>= 1); None means the setting.
+        backoff, lease, timeout, takes_context, manual_heartbeat, concurrency_key, concurrency_limit:
+            see :class:`Task`. ``lease`` and ``timeout`` are seconds.
+
+    Returns:
+        A :class:`Task`.
+
+    Raises:
+        ConfigurationError: a bad option, or another function already registered under ``name``.
+    """
+
+    def register(fn: Callable[..., Any]) -> Task:
+        task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise ConfigurationError(f"task {task_name!r}: priority {priority} is outside -100..100")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"task {task_name!r}: max_attempts must be >= 1")
+        if lease is not None and lease <= 0:
+            raise ConfigurationError(f"task {task_name!r}: lease must be > 0 seconds")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"task {task_name!r}: timeout must be > 0 seconds")
+        if (concurrency_key is None) != (concurrency_limit is None):
+            raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
+        if concurrency_limit is not None and concurrency_limit < 1:
+            raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
+        spec = Task(func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts,
+                    backoff=backoff, lease=lease, timeout=timeout, takes_context=takes_context,
+                    manual_heartbeat=manual_heartbeat, concurrency_key=concurrency_key,
+                    concurrency_limit=concurrency_limit)
+        register_task(spec)
+        return spec
+
+    return register(func) if func is not None else register
+
+
+def register_task(spec: Task) -> None:
+    """Add a task to the registry.
+
+    Raises:
+        ConfigurationError: a different function is already registered under the same name
+            (re-registering the same function, e.g. on module reload, is allowed).
+    """
+    with _LOCK:
+        existing = _REGISTRY.get(spec.name)
+        if existing is not None and _qualified(existing.func) != _qualified(spec.func):
+            raise ConfigurationError(
+                f"task name {spec.name!r} is already registered for {_qualified(existing.func)}"
+            )
+        _REGISTRY[spec.name] = spec
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def add_resolver(resolver: Callable[[str], Any]) -> None:
+    """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend)."""
+    if resolver not in _RESOLVERS:
+        _RESOLVERS.append(resolver)
+
+
+def get_task(name: str) -> Any:
+    """Return the registered task called ``name``.
+
+    Raises:
+        UnknownTask: nothing is registered under that name. Nothing is imported from the name.
+    """
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    for resolver in _RESOLVERS:
+        found = resolver(name)
+        if found is not None:
+            return found
+    raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run)")
+
+
+def registered_tasks() -> dict[str, Task]:
+    """Return a snapshot of the native registry, by name."""
+    return dict(_REGISTRY)
+
+
+def autodiscover() -> None:
+    """Import ``tasks`` and ``jobs`` modules of every installed app, and ``LEASEQUEUE["IMPORTS"]``.
+
+    This is how a worker learns its tasks: by importing the project's own modules, never a path
+    read from a job row. Idempotent.
+    """
+    global _autodiscovered
+    if _autodiscovered:
+        return
+    from importlib import import_module
+
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks", "jobs")
+    for module in get_settings().imports:
+        import_module(module)
+    _autodiscovered = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Payload checks
+# ---------------------------------------------------------------------------------------------
+
+
+def check_json(value: Any, where: str) -> None:
+    """Check that ``value`` round-trips through JSON unchanged (same types, same values).
+
+    Accepted: None, bool, int, finite float, str, list, and dict with str keys, nested.
+
+    Raises:
+        PayloadNotSerializable: naming ``where`` and the path of the first offending value.
+    """
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
+            continue
+        if isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+            continue
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise PayloadNotSerializable(
+                        f"{path} has key {k!r} of type {type(k).__name__}: JSON object keys must be str "
+                        "(it would come back as a different key)"
+                    )
+                stack.append((v, f"{path}[{k!r}]"))
+            continue
+        hint = ""
+        if isinstance(item, tuple):
+            hint = " (JSON would turn it into a list; pass a list)"
+        elif type(item).__name__ in {"Decimal", "datetime", "date", "UUID", "time"}:
+            hint = " (pass str(value) and convert it back in the handler)"
+        raise PayloadNotSerializable(
+            f"{path} is a {type(item).__module__}.{type(item).__qualname__}, which does not round-trip "
+            f"through JSON{hint}"
+        )
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int) -> tuple[str, str]:
+    """Validate and JSON-encode a job's arguments.
+
+    Returns:
+        ``(args_json, kwargs_json)``.
+
+    Raises:
+        PayloadNotSerializable: an argument does not round-trip through JSON (named in the message).
+        PayloadTooLarge: the encoded arguments exceed ``limit`` bytes.
+    """
+    args = list(args)
+    for i, value in enumerate(args):
+        check_json(value, f"argument {i}")
+    for key, value in kwargs.items():
+        check_json(value, f"keyword argument {key!r}")
+    args_json = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    kwargs_json = json.dumps(dict(kwargs), separators=(",", ":"), ensure_ascii=False)
+    size = len(args_json.encode()) + len(kwargs_json.encode())
+    if limit and size > limit:
+        raise PayloadTooLarge(
+            f"job arguments are {size} bytes, over LEASEQUEUE['MAX_PAYLOAD_BYTES'] = {limit}; "
+            "store large data in a table and pass its id"
+        )
+    return args_json, kwargs_json
+
+
+# ---------------------------------------------------------------------------------------------
+# Enqueue
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_spec(task_or_name: Task | str) -> Task:
+    if isinstance(task_or_name, Task):
+        return task_or_name
+    if isinstance(task_or_name, str):
+        spec = _REGISTRY.get(task_or_name)
+        if spec is None:
+            autodiscover()
+            spec = _REGISTRY.get(task_or_name)
+        if spec is None:
+            raise UnknownTask(f"cannot enqueue {task_or_name!r}: no task is registered under that name")
+        return spec
+    raise TypeError(f"enqueue() needs a Task or a registered task name, got {task_or_name!r}")
+
+
+def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+              run_at: datetime | timedelta | None = None, queue: str | None = None,
+              priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
+              max_attempts: int | None = None):
+    """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
+
+    Raises:
+        EnqueueError (and its subclasses): see :func:`enqueue`.
+    """
+    from .store import NewJob
+
+    settings = get_settings()
+    kwargs = dict(kwargs or {})
+    if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
+        raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
+    args_json, kwargs_json = encode_payload(list(args), kwargs, limit=settings.max_payload_bytes)
+    queue = queue or spec.queue or settings.default_queue
+    if not settings.queue_allowed(queue):
+        raise EnqueueError(f"unknown queue {queue!r}; LEASEQUEUE['QUEUES'] allows {sorted(settings.queues or [])}")
+    priority = spec.priority if priority is None else priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+    attempts = max_attempts or spec.max_attempts or settings.max_attempts
+    if not isinstance(attempts, int) or attempts < 1:
+        raise EnqueueError(f"max_attempts must be an int >= 1, got {attempts!r}")
+    run_at = spec.run_at if run_at is None else run_at
+    delay = 0.0
+    if isinstance(run_at, timedelta):
+        delay, run_at = run_at.total_seconds(), None
+    elif run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise EnqueueError(
+                f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
+                "(django.utils.timezone.make_aware) or a timedelta"
+            )
+    unique_key = spec.unique_key if unique_key is None else unique_key
+    unique_scope = unique_scope or spec.unique_scope
+    if unique_scope not in ("retained", "active"):
+        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {unique_scope!r}")
+    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key or len(unique_key) > 255):
+        raise EnqueueError(f"unique_key must be a non-empty str of at most 255 characters, got {unique_key!r}")
+    conc_key = None
+    if spec.concurrency_key is not None:
+        try:
+            if callable(spec.concurrency_key):
+                conc_key = str(spec.concurrency_key(*args, **kwargs))
+            else:
+                conc_key = spec.concurrency_key.format(*args, **kwargs)
+        except Exception as exc:
+            raise EnqueueError(f"task {spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
+    return NewJob(task=spec.name, queue=queue, priority=priority, args_json=args_json, kwargs_json=kwargs_json,
+                  max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=spec.lease,
+                  unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,
+                  concurrency_limit=spec.concurrency_limit if conc_key is not None else None)
+
+
+def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+            run_at: datetime | timedelta | None = None, queue: str | None = None, priority: int | None = None,
+            unique_key: str | None = None, unique_scope: str | None = None,
+            max_attempts: int | None = None) -> Job:
+    """Write one job in the caller's transaction and return it.
+
+    The job exists only if the caller's transaction commits (on the job table's database, chosen by
+    the database routers); a worker cannot see it before. With a ``unique_key`` already taken, the
+    existing job is returned: no IntegrityError, and the caller's transaction is not aborted.
+
+    Args:
+        task_or_name: a :class:`Task` or a registered task name.
+        args, kwargs: the handler's arguments; they must round-trip through JSON unchanged.
+        run_at: aware datetime, or a timedelta from the database clock; default: due now.
+        queue, priority, max_attempts: override the task's defaults.
+        unique_key: idempotency key (at most 255 characters).
+        unique_scope: ``"retained"`` (default: the key stays taken while the row exists) or
+            ``"active"`` (taken while the job is ready or leased).
+
+    Returns:
+        The new :class:`~django_leasequeue.models.Job`, or the existing one holding ``unique_key``.
+
+    Raises:
+        PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
+        PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
+        EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
+        UnknownTask: ``task_or_name`` is a name nobody registered.
+    """
+    from . import signals, store
+
+    spec = _resolve_spec(task_or_name)
+    new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
+                    unique_scope=unique_scope, max_attempts=max_attempts)
+    settings = get_settings()
+    alias = store.db_alias()
+    # A unique key held by a job in "active" scope can be released between our failed insert and
+    # the lookup (the job finished); then we insert again. Two rounds are enough in practice.
+    for _ in range(5):
+        rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel, alias=alias)
+        if rows:
+            job = rows[0]
+            signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
+            return job
+        existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
+        if existing is not None:
+            return existing
+    raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
+
+
+def enqueue_many(task_or_name: Task | str, arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+                 **options: Any) -> int:
+    """Enqueue many jobs of one task in one INSERT statement (bulk), in the caller's transaction.
+
+    Args:
+        arg_list: each item is a list/tuple of positional arguments, or ``(args, kwargs)`` when
+            given as a 2-tuple whose second element is a dict.
+        options: as for :func:`enqueue` (``run_at``, ``queue``, ``priority``, ``max_attempts``).
+
+    Returns:
+        The number of jobs inserted (jobs whose ``unique_key`` was taken are skipped).
+    """
+    from . import store
+
+    spec = _resolve_spec(task_or_name)
+    jobs = []
+    for item in arg_list:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+            a, kw = item
+        else:
+            a, kw = item, {}
+        jobs.append(build_job(spec, a, kw, **options))
+    settings = get_settings()
+    total = 0
+    for start in range(0, len(jobs), 10_000):
+        total += len(store.job_insert(jobs[start:start + 10_000], notify=settings.notify,
+                                      channel=settings.notify_channel))
+    return total
+
+
+def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                      **options: Any) -> None:
+    """Enqueue when the current transaction commits (``transaction.on_commit``); same arguments as
+    :func:`enqueue`.
+
+    The arguments are validated now, so a bad argument raises here, not after the commit. An error
+    in the deferred enqueue is not swallowed: Django raises it from the commit (``robust=False``).
+    Outside a transaction the job is enqueued at once.
+    """
+    from django.db import transaction
+
+    from . import store
+
+    spec = _resolve_spec(task_or_name)
+    build_job(spec, args, kwargs, **options)  # validate eagerly
+    transaction.on_commit(lambda: enqueue(spec, args, kwargs, **options), using=store.db_alias())
+
+
+def json_dumps_result(value: Any) -> str:
+    """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
+    check_json(value, "return value")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

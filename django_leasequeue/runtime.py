@@ -1,0 +1,185 @@
+"""One loop and lifecycle for every long-running service (worker, heartbeat, reaper, scheduler).
+
+A service implements ``run_once()``, which does one bounded unit of work and returns how many
+seconds to wait before the next call (0: go again at once). The base class runs it in a thread
+with an interruptible wait (``wake()`` cuts it short: a NOTIFY, a freed worker slot), catches and
+logs errors with a capped backoff so the loop never dies silently, and closes broken database
+connections so the next iteration reconnects. The shape follows River's ``startstop`` services
+with ``runOnce`` and Solid Queue's ``Poller`` whose ``poll`` returns the next delay.
+
+:func:`run_services` runs several services in one process: the first SIGTERM/SIGINT stops them
+gracefully (each service's ``stop`` decides what graceful means; the worker finishes or releases
+its jobs), a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+from collections.abc import Sequence
+
+from django.db import connections
+
+logger = logging.getLogger("django_leasequeue.runtime")
+
+ERROR_BACKOFF_MAX = 30.0
+
+
+def close_broken_connections() -> None:
+    """Close this thread's database connections that errored and are no longer usable.
+
+    Unlike ``close_old_connections()`` this ignores ``CONN_MAX_AGE``: a worker keeps its
+    connections for its whole life (reconnecting per job would halve throughput), but it must not
+    keep reusing a connection that the server dropped (case C27).
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.errors_occurred:
+            if not conn.is_usable():
+                conn.close()
+            else:
+                conn.errors_occurred = False
+
+
+class Service:
+    """Base class of a long-running service. Subclasses implement :meth:`run_once`.
+
+    Attributes:
+        name (str): for logs and thread names.
+        stagger (float): maximum random delay in seconds before the first iteration (avoids a
+            thundering herd when many processes start together); tests set 0.
+    """
+
+    name = "service"
+    stagger = 0.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.iterations = 0
+        self.errors = 0
+        self.crashed: BaseException | None = None
+
+    # -- to implement -----------------------------------------------------------------------
+    def run_once(self) -> float:
+        """Do one bounded unit of work; return seconds to wait before the next call."""
+        raise NotImplementedError
+
+    def on_start(self) -> None:
+        """Hook run in the service thread before the first iteration."""
+
+    def on_stop(self) -> None:
+        """Hook run in the service thread after the last iteration (also after a crash)."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def start(self) -> None:
+        """Start the service thread. Idempotent."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"leasequeue-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the current iteration. Idempotent; safe before start()."""
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Cut the current wait short so :meth:`run_once` runs again now."""
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; return True if it did (or never started)."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, returning early on :meth:`wake` or :meth:`stop`."""
+        if seconds > 0 and not self._stop.is_set():
+            self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _run(self) -> None:
+        try:
+            if self.stagger > 0:
+                self.wait(random.uniform(0, self.stagger))
+            self.on_start()
+            backoff = 0.0
+            while not self._stop.is_set():
+                try:
+                    delay = self.run_once()
+                    backoff = 0.0
+                except Exception:
+                    self.errors += 1
+                    backoff = min(ERROR_BACKOFF_MAX, backoff * 2 or 0.1)
+                    logger.exception("%s: iteration failed; retrying in %.1f s", self.name, backoff)
+                    close_broken_connections()
+                    delay = backoff
+                self.iterations += 1
+                self.wait(delay)
+        except BaseException as exc:  # noqa: BLE001 - a crashed service must be visible to run_services
+            self.crashed = exc
+            logger.exception("%s: crashed", self.name)
+        finally:
+            try:
+                self.on_stop()
+            except Exception:
+                logger.exception("%s: on_stop failed", self.name)
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+
+
+def run_services(services: Sequence[Service], *, install_signals: bool = True,
+                 stop_when: threading.Event | None = None) -> int:
+    """Run services until a signal (or ``stop_when``) stops them, or one crashes.
+
+    The first SIGTERM/SIGINT stops every service gracefully and waits for them; a second one
+    exits the process at once with status 1 (leases then expire and the reaper recovers the jobs).
+
+    Returns:
+        0 after a clean stop, 1 when a service crashed.
+    """
+    stop_event = stop_when or threading.Event()
+    signals_seen = 0
+
+    def handle(signum, frame):  # noqa: ARG001
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            logger.warning("second signal: exiting now")
+            os._exit(1)
+        logger.info("signal %s: stopping gracefully (send again to exit at once)", signum)
+        stop_event.set()
+
+    if install_signals:
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+    for service in services:
+        service.start()
+    crashed = False
+    while not stop_event.is_set():
+        if any(s.crashed is not None for s in services):
+            crashed = True
+            break
+        if all(s._thread is not None and not s._thread.is_alive() for s in services):
+            break  # every service ended by itself (e.g. a burst worker)
+        stop_event.wait(0.1)
+    # Stop one at a time, in the order given: the worker comes first and its graceful stop (finish
+    # running jobs within the grace period, then release the rest) needs the heartbeat service,
+    # which comes after it, to keep renewing leases meanwhile.
+    for service in services:
+        service.stop()
+        service.join()
+    return 1 if crashed or any(s.crashed is not None for s in services) else 0

@@ -1,0 +1,70 @@
+"""Lifecycle signals and structured log records.
+
+Each event is both a Django signal (``django_leasequeue.signals.job_<event>``, sent with keyword
+arguments ``job_id``, ``task``, ``queue``, ``attempt``, ``token`` and event-specific extras) and a
+log record on the ``django_leasequeue.events`` logger whose ``extra`` carries the same fields (so a
+JSON log formatter emits them as structured fields).
+
+Events: ``enqueued``, ``claimed``, ``succeeded``, ``retried``, ``dead_lettered``, ``lease_lost``,
+``lease_expired`` (reaped), ``released``, ``snoozed``, ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger("django_leasequeue.events")
+
+job_enqueued = Signal()
+job_claimed = Signal()
+job_succeeded = Signal()
+job_retried = Signal()
+job_dead_lettered = Signal()
+job_lease_lost = Signal()
+job_lease_expired = Signal()
+job_released = Signal()
+job_snoozed = Signal()
+job_cancelled = Signal()
+
+SIGNALS: dict[str, Signal] = {
+    "enqueued": job_enqueued,
+    "claimed": job_claimed,
+    "succeeded": job_succeeded,
+    "retried": job_retried,
+    "dead_lettered": job_dead_lettered,
+    "lease_lost": job_lease_lost,
+    "lease_expired": job_lease_expired,
+    "released": job_released,
+    "snoozed": job_snoozed,
+    "cancelled": job_cancelled,
+}
+
+# Events that deserve an operator's attention are logged at WARNING; the rest at DEBUG/INFO.
+_LEVELS = {"dead_lettered": logging.WARNING, "lease_lost": logging.WARNING, "lease_expired": logging.WARNING,
+           "retried": logging.INFO, "released": logging.INFO, "cancelled": logging.INFO}
+
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Send the signal for ``event`` and write its structured log record. Never raises.
+
+    Args:
+        event: one of the names in :data:`SIGNALS`.
+        fields: ``job_id``, ``task``, ``queue``, ``attempt``, ``token`` and extras (``error``, ...).
+            In the log record, a field whose name a LogRecord already uses gets a ``job_`` prefix.
+    """
+    level = _LEVELS.get(event, logging.DEBUG)
+    try:
+        if logger.isEnabledFor(level):
+            extra = {("job_" + k if k in _RESERVED else k): v for k, v in fields.items()}
+            logger.log(level, "job %s %s", fields.get("job_id"), event, extra={"event": event, **extra})
+        signal = SIGNALS[event]
+        if signal.receivers:
+            signal.send_robust(sender=None, event=event, **fields)
+    except Exception:  # observability must never break job bookkeeping
+        logger.exception("could not emit %s", event)

@@ -1,0 +1,371 @@
+"""The worker: claims due jobs in batches and runs them on a pool of threads.
+
+Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and stops the others):
+
+* :class:`WorkerService` claims up to as many jobs as it has free threads, in one statement, and
+  hands them to the pool. It sleeps until a NOTIFY, a freed slot (only when it was saturated) or
+  the poll interval, and runs the reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
+* :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3,
+  stops renewing a job past its task's ``timeout`` (so a hung handler loses its lease and the job
+  is retried elsewhere), and passes cancel requests and lost leases on to the handlers.
+* :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
+  per few milliseconds instead of one transaction per job.
+* :class:`~django_leasequeue.notify.Listener` wakes the worker on ``LISTEN`` notifications.
+
+Graceful stop (SIGTERM): stop claiming, let running jobs finish up to ``SHUTDOWN_GRACE`` seconds,
+flush completions, then release the leases still held (back to ready at once, token bumped, not a
+failed attempt). Several workers on any number of hosts are safe: claims use ``SKIP LOCKED`` and
+every later write is fenced on the token.
+
+Events emitted: claimed, succeeded, retried, dead_lettered, lease_lost, released, snoozed,
+cancelled (see :mod:`signals`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError
+
+from . import reaper, registry, signals, store
+from .conf import Settings, get_settings
+from .context import JobContext
+from .executor import Executor, with_reconnect
+from .notify import Listener
+from .runtime import Service, close_broken_connections
+
+logger = logging.getLogger("django_leasequeue.worker")
+
+PROCESS_HEARTBEAT_INTERVAL = 5.0
+
+
+def make_worker_id(name: str | None = None) -> str:
+    """Return ``host:pid:name`` (a random name when none is given)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{name or uuid.uuid4().hex[:8]}"
+
+
+@dataclass(eq=False)
+class InFlight:
+    """A job running in this process, as the heartbeat sees it."""
+
+    job: store.ClaimedJob
+    ctx: JobContext
+    lease: float
+    manual_heartbeat: bool
+    deadline: float | None  # monotonic time past which heartbeats stop (task timeout)
+    next_renewal: float
+    timed_out: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+
+class Completer(Service):
+    """Batches successful completions into one fenced statement per flush."""
+
+    name = "completer"
+
+    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000) -> None:
+        super().__init__()
+        self.alias = alias
+        self.gather = gather
+        self.max_batch = max_batch
+        self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
+        self.completed = 0
+
+    def submit(self, ctx: JobContext, result_json: str | None) -> None:
+        """Queue a success for the next flush (within a few milliseconds)."""
+        self._queue.put((ctx, result_json))
+        self.wake()
+
+    def run_once(self) -> float:
+        if self._queue.empty():
+            return 1.0
+        time.sleep(self.gather)  # let a batch gather; completion latency is not on the claim path
+        self.flush()
+        return 0.0
+
+    def flush(self) -> None:
+        """Write every queued completion now (batches of ``max_batch``)."""
+        while not self._queue.empty():
+            batch: list[tuple[JobContext, str | None]] = []
+            while len(batch) < self.max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            items = [(c.job_id, c.lease_version, r) for c, r in batch]
+            try:
+                done = with_reconnect(lambda items=items: store.job_complete(items, alias=self.alias))
+            except DatabaseError:
+                # Keep them for the next flush: completion is fenced, so writing it late is safe
+                # (or refused, if the lease expired meanwhile and the job was taken back).
+                for item in batch:
+                    self._queue.put(item)
+                raise
+            self.completed += len(done)
+            for ctx, _ in batch:
+                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
+                          "token": ctx.lease_version}
+                if ctx.job_id in done:
+                    signals.emit("succeeded", **fields)
+                else:
+                    ctx.mark_lease_lost()
+                    signals.emit("lease_lost", **fields)
+
+    def on_stop(self) -> None:
+        try:
+            self.flush()
+        except DatabaseError:
+            logger.exception("completer: final flush failed; those jobs will be retried after their lease")
+
+
+class HeartbeatService(Service):
+    """Renews the leases of the worker's running jobs and the worker's registry row."""
+
+    name = "heartbeat"
+
+    def __init__(self, worker: WorkerService) -> None:
+        super().__init__()
+        self.worker = worker
+        self._next_process_beat = 0.0
+
+    def run_once(self) -> float:
+        now = time.monotonic()
+        due: list[InFlight] = []
+        next_wake = now + 1.0
+        for item in self.worker.inflight_snapshot():
+            if item.manual_heartbeat or item.timed_out:
+                continue
+            if item.deadline is not None and now >= item.deadline:
+                # Heartbeat bounded by progress: past the task's timeout we stop renewing, so the
+                # lease expires and the job is retried elsewhere. The slot is given back now.
+                item.timed_out = True
+                logger.warning("job %s exceeded its timeout; heartbeats stopped", item.job.id)
+                self.worker.abandon(item)
+                continue
+            if now >= item.next_renewal:
+                due.append(item)
+            else:
+                next_wake = min(next_wake, item.next_renewal)
+        if due:
+            renewals = store.job_renew([(i.job.id, i.job.lease_version, i.lease) for i in due],
+                                       alias=self.worker.alias)
+            for item in due:
+                renewal = renewals.get(item.job.id)
+                if renewal is None:
+                    if not item.ctx.lease_lost:
+                        item.ctx.mark_lease_lost()
+                        signals.emit("lease_lost", job_id=item.job.id, task=item.job.task, queue=item.job.queue,
+                                     attempt=item.job.attempts, token=item.job.lease_version)
+                    continue
+                item.ctx.leased_until = renewal.leased_until
+                if renewal.cancel_requested:
+                    item.ctx.mark_cancel_requested()
+                item.next_renewal = now + item.lease / 3
+                next_wake = min(next_wake, item.next_renewal)
+        if now >= self._next_process_beat:
+            self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
+            if not store.process_heartbeat(self.worker.worker_id, alias=self.worker.alias):
+                self.worker.register()
+        return max(0.0, min(next_wake - time.monotonic(), 0.25))
+
+
+class WorkerService(Service):
+    """Claims and runs jobs. See the module docstring.
+
+    Args:
+        queues: queue names to serve, or None for every queue.
+        concurrency: number of handler threads.
+        lease: default lease in seconds for jobs whose task sets none; None: the setting.
+        poll_interval: seconds between claims when idle and no notification arrives.
+        burst: stop once no due job is left and nothing is running.
+        worker_name: the last part of the worker id (``host:pid:name``).
+        notify: listen for enqueue notifications (None: the ``NOTIFY`` setting).
+        reap: run the reaper's sweep in this process.
+    """
+
+    name = "worker"
+
+    def __init__(self, *, queues: Sequence[str] | None = None, concurrency: int = 4, lease: float | None = None,
+                 poll_interval: float | None = None, burst: bool = False, worker_name: str | None = None,
+                 notify: bool | None = None, reap: bool = True, settings: Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or get_settings()
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.queues = list(queues) if queues is not None else None
+        self.concurrency = concurrency
+        self.lease = float(lease or self.settings.lease)
+        if self.lease <= 0:
+            raise ValueError("lease must be > 0 seconds")
+        self.poll_interval = float(poll_interval or self.settings.poll_interval)
+        self.burst = burst
+        self.worker_id = make_worker_id(worker_name)
+        self.alias = store.db_alias()
+        self.reap = reap
+        self._next_reap = 0.0
+        self._lock = threading.Lock()
+        self._inflight: dict[int, InFlight] = {}
+        self._tasks: queue_module.SimpleQueue[store.ClaimedJob | None] = queue_module.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
+        self._saturated = False
+        self.completer = Completer(alias=self.alias)
+        self.heartbeat = HeartbeatService(self)
+        use_notify = self.settings.notify if notify is None else notify
+        self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
+        self.executor = Executor(worker_id=self.worker_id, settings=self.settings, alias=self.alias,
+                                 complete=self.completer.submit)
+        self.claimed = 0
+
+    # -- pool -----------------------------------------------------------------------------------
+    def inflight_snapshot(self) -> list[InFlight]:
+        """The running jobs, for the heartbeat."""
+        with self._lock:
+            return list(self._inflight.values())
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - len(self._inflight)
+
+    def abandon(self, item: InFlight) -> None:
+        """Give a timed-out job's slot back; its thread retires when (if) its handler returns."""
+        with self._lock:
+            if self._inflight.pop(item.job.id, None) is None:
+                return
+            self._spare_threads += 1
+        self._start_thread()
+        self.wake()
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._thread_main, name=f"leasequeue-job-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _thread_main(self) -> None:
+        while True:
+            job = self._tasks.get()
+            if job is None:
+                return
+            self._run_job(job)
+            with self._lock:
+                if self._spare_threads > 0:
+                    self._spare_threads -= 1
+                    return
+
+    def _run_job(self, job: store.ClaimedJob) -> None:
+        with self._lock:
+            item = self._inflight.get(job.id)
+        if item is None:
+            return
+        try:
+            self.executor.run(job, item.ctx)
+        except BaseException:  # noqa: BLE001 - never lose a handler thread
+            logger.exception("job %s: worker error outside the handler", job.id)
+        finally:
+            close_broken_connections()
+            with self._lock:
+                current = self._inflight.get(job.id)
+                if current is item:
+                    del self._inflight[job.id]
+                saturated = self._saturated
+            if saturated:
+                self.wake()
+
+    # -- service --------------------------------------------------------------------------------
+    def register(self) -> None:
+        store.process_register(process_id=self.worker_id, kind="worker", host=socket.gethostname(),
+                               pid=os.getpid(), queues=self.queues, concurrency=self.concurrency,
+                               alias=self.alias)
+
+    def on_start(self) -> None:
+        registry.autodiscover()
+        for _ in range(self.concurrency):
+            self._start_thread()
+        self.register()
+        self.completer.start()
+        self.heartbeat.start()
+        if self.listener is not None:
+            self.listener.start()
+        logger.info("worker %s started: queues=%s concurrency=%s lease=%ss", self.worker_id,
+                    self.queues or "*", self.concurrency, self.lease)
+
+    def run_once(self) -> float:
+        now = time.monotonic()
+        if self.reap and now >= self._next_reap:
+            self._next_reap = now + self.settings.reaper_interval
+            reaper.reap_once(alias=self.alias)
+        free = self.free_slots()
+        if free <= 0:
+            with self._lock:
+                self._saturated = True
+            return self.poll_interval
+        jobs = store.job_claim(queues=self.queues, limit=free, worker_id=self.worker_id, lease=self.lease,
+                               alias=self.alias)
+        self.claimed += len(jobs)
+        for job in jobs:
+            self._dispatch(job)
+        with self._lock:
+            self._saturated = len(jobs) >= free
+            idle = not self._inflight
+        if jobs:
+            return 0.0
+        if self.burst and idle and self.completer._queue.empty():
+            self.stop()
+            return 0.0
+        return self.poll_interval
+
+    def _dispatch(self, job: store.ClaimedJob) -> None:
+        try:
+            spec = registry.get_task(job.task)
+            lease = spec.lease or job.lease_seconds
+            timeout, manual = spec.timeout, spec.manual_heartbeat
+        except Exception:
+            lease, timeout, manual = job.lease_seconds, None, False
+        ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
+                         max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
+                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
+        now = time.monotonic()
+        item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
+                        deadline=now + timeout if timeout else None, next_renewal=now + lease / 3)
+        with self._lock:
+            self._inflight[job.id] = item
+        self._tasks.put(job)
+
+    def on_stop(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()
+        deadline = time.monotonic() + self.settings.shutdown_grace
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._inflight:
+                    break
+            time.sleep(0.05)
+        self.completer.stop()
+        self.completer.join()
+        with self._lock:
+            leftover = [(i.job.id, i.job.lease_version) for i in self._inflight.values()]
+        if leftover:
+            try:
+                released = with_reconnect(lambda: store.job_release(leftover, alias=self.alias))
+                for job_id in released:
+                    signals.emit("released", job_id=job_id, reason="worker shutdown")
+                logger.info("released %d job(s) still running after the %.0f s grace period",
+                            len(released), self.settings.shutdown_grace)
+            except DatabaseError:
+                logger.exception("could not release leases; they will expire and be reaped")
+        self.heartbeat.stop()
+        self.heartbeat.join()
+        for _ in self._threads:
+            self._tasks.put(None)
+        try:
+            store.process_deregister(self.worker_id, alias=self.alias)
+        except DatabaseError:
+            logger.exception("could not deregister worker %s", self.worker_id)
+        if self.listener is not None:
+            self.listener.join(2.0)
+        logger.info("worker %s stopped (claimed %d)", self.worker_id, self.claimed)

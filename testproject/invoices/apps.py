@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class InvoicesConfig(AppConfig):
+    name = "invoices"
+    default_auto_field = "django.db.models.BigAutoField"

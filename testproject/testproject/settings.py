@@ -1,0 +1,88 @@
+"""Settings of the django-leasequeue test project (PostgreSQL from environment variables).
+
+Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPORT (5432),
+PGUSER (postgres), PGPASSWORD (empty).
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "leasequeue-test-project-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_leasequeue",
+    "invoices",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("LEASEQUEUE_DB_NAME", "leasequeue"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+        "CONN_MAX_AGE": 600,
+        "TEST": {"NAME": os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None},
+    }
+}
+# Tests and the testing helpers shift the database clock of worker processes through this.
+if os.environ.get("LEASEQUEUE_CLOCK_OFFSET"):
+    DATABASES["default"]["OPTIONS"] = {
+        "options": f"-c leasequeue.clock_offset={os.environ['LEASEQUEUE_CLOCK_OFFSET']}"
+    }
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LEASEQUEUE = {
+    "LEASE": float(os.environ.get("LEASEQUEUE_LEASE", "30")),
+    "POLL_INTERVAL": float(os.environ.get("LEASEQUEUE_POLL_INTERVAL", "1")),
+    "REAPER_INTERVAL": float(os.environ.get("LEASEQUEUE_REAPER_INTERVAL", "5")),
+    "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
+    "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
+    "BACKOFF_MAX": 60,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LEASEQUEUE_LOG_LEVEL", "WARNING")},
+}

@@ -1,0 +1,116 @@
+"""Shared fixtures: real PostgreSQL, real worker processes, and database-clock control.
+
+Tests that need other connections (threads, worker processes) to see their rows use the
+``transactional_db`` fixture (or ``@pytest.mark.django_db(transaction=True)``); the others run in
+one transaction, where they must pass an explicit ``now=`` to store functions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "testproject" / "manage.py"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> object:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """A ``manage.py <command>`` subprocess against the test database."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), *args], env=env, cwd=str(ROOT),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return "<still running>"
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def spawn(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``manage.py`` commands (runworker, runreaper, ...) as subprocesses on the test database.
+
+    Usage: ``w = spawn("runworker", "--concurrency", "2", env={"LEASEQUEUE_LEASE": "2"})``.
+    Every process still running at the end of the test is SIGKILLed (after SIGCONT, in case it
+    was stopped).
+    """
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        full_env = {**os.environ, "LEASEQUEUE_DB_NAME": connection.settings_dict["NAME"],
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = WorkerProcess(list(args), full_env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGKILL)
+            proc.proc.wait(10)
+
+
+@pytest.fixture
+def db_clock():
+    """Move the database clock of this test's connection: ``db_clock.advance(seconds)``.
+
+    Store statements read ``leasequeue_now()``, which adds the session setting
+    ``leasequeue.clock_offset``; worker subprocesses get the same offset through the
+    ``LEASEQUEUE_CLOCK_OFFSET`` environment variable (``db_clock.env()``).
+    """
+
+    class Clock:
+        offset = 0.0
+
+        def advance(self, seconds: float) -> None:
+            self.offset += seconds
+            with connection.cursor() as cur:
+                cur.execute("SELECT set_config('leasequeue.clock_offset', %s, false)", [f"{self.offset} seconds"])
+
+        def env(self) -> dict[str, str]:
+            return {"LEASEQUEUE_CLOCK_OFFSET": f"{self.offset}s"}
+
+    clock = Clock()
+    yield clock
+    with connection.cursor() as cur:
+        cur.execute("RESET leasequeue.clock_offset")

@@ -44,3 +44,8 @@ def flaky_sync(key: str, failures: int = 2) -> str:
 def poison(payload: dict) -> None:
     """Always fails: the payload is malformed. Ends in the dead letters, inspectable and replayable."""
     raise ValueError(f"malformed payload: missing 'customer' in {sorted(payload)}")
+
+
+@task
+def noop() -> None:
+    """Does nothing: for measuring the queue's own overhead."""

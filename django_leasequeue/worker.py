@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError
@@ -75,9 +75,11 @@ class Completer(Service):
 
     name = "completer"
 
-    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000) -> None:
+    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
+                 on_flush: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.alias = alias
+        self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
         self.gather = gather
         self.max_batch = max_batch
         self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
@@ -111,6 +113,8 @@ class Completer(Service):
                     self._queue.put(item)
                 raise
             self.completed += len(done)
+            if self.on_flush is not None:
+                self.on_flush()
             for ctx, _ in batch:
                 fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                           "token": ctx.lease_version}
@@ -221,7 +225,9 @@ class WorkerService(Service):
         self._threads: list[threading.Thread] = []
         self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
         self._saturated = False
-        self.completer = Completer(alias=self.alias)
+        # A written completion may free a concurrency-key slot that the last claim found full:
+        # claim again now rather than a poll interval later (only when the last claim came up short).
+        self.completer = Completer(alias=self.alias, on_flush=self._after_completions)
         self.heartbeat = HeartbeatService(self)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
@@ -230,6 +236,11 @@ class WorkerService(Service):
         self.claimed = 0
         self.throttled = 0  # claims cut short by a queue rate limit
         self._throttled_until = 0.0
+        self._short_claim = False  # the last claim got fewer jobs than free slots
+
+    def _after_completions(self) -> None:
+        if self._short_claim:
+            self.wake()
 
     # -- pool -----------------------------------------------------------------------------------
     def inflight_snapshot(self) -> list[InFlight]:
@@ -330,6 +341,7 @@ class WorkerService(Service):
         with self._lock:
             self._saturated = len(jobs) >= free
             idle = not self._inflight
+        self._short_claim = len(jobs) < free
         wait = jobs.throttle_wait
         if wait is not None and len(jobs) < free:
             # Throttled: sleep until the oldest claim leaves the window (capped by the poll

@@ -7,16 +7,17 @@ from django.db import migrations, models
 # key, inside the locked candidate scan (before FOR UPDATE SKIP LOCKED takes the row). It answers
 # "may this claim lease one more job of this key?" and serialises every claimer of a key:
 #
-# * The first time a claim statement meets key K it takes a transaction-scoped advisory lock on K
-#   with pg_try_advisory_xact_lock (namespace 1279395153 = 'LQ' 'Q' 'Q' as int, so application
-#   advisory locks never collide with ours). If another claim holds it, K is skipped for this
-#   claim, exactly like SKIP LOCKED skips a locked row: no waiting, no deadlock, and the other
-#   claimer is the one admitting K's jobs right now.
-# * Holding the lock, it counts K's leased jobs. The function is VOLATILE, so under READ COMMITTED
-#   this count runs on a fresh snapshot, taken after the lock was granted: every claim of K that
-#   committed before (and released the lock at commit, after its rows became visible) is counted.
-#   A count in the claim statement's own snapshot would not see them, and two workers could both
-#   see 1 leased and both claim one more.
+# * The first time a claim statement meets key K it counts K's leased jobs; a full key is rejected
+#   there, without any lock. Otherwise it takes a transaction-scoped advisory lock on K with
+#   pg_try_advisory_xact_lock (two-int form, namespace 1279395153, so application advisory locks
+#   on one bigint never collide with ours). If another claim holds it, K is skipped for this claim,
+#   exactly like SKIP LOCKED skips a locked row: no waiting, no deadlock, and the other claimer is
+#   the one admitting K's jobs right now.
+# * Holding the lock, it counts K's leased jobs again. The function is VOLATILE, so under READ
+#   COMMITTED each count runs on a fresh snapshot; this one is taken after the lock was granted, so
+#   every claim of K that committed before (and released the lock at commit, after its rows became
+#   visible) is counted. A count in the claim statement's own snapshot would not see them, and two
+#   workers could both see 1 leased and both claim one more.
 # * Admissions within the same claim statement are remembered in a transaction-local setting
 #   (leasequeue.conc_claim: "<claim id>;<key hash>=<used>;..."), because the statement's own
 #   UPDATE has not run yet when its later candidates are examined. A new claim id resets it.
@@ -59,11 +60,17 @@ BEGIN
                         'isolation (the fresh per-key count depends on it), not %',
                         current_setting('transaction_isolation');
     END IF;
-    IF pg_try_advisory_xact_lock(1279395153, hashtext(p_key)) THEN
-        SELECT count(*) INTO used FROM leasequeue_job
-        WHERE concurrency_key = p_key AND status = 'leased';
-    ELSE
-        used := 2147483647;
+    -- A full key is rejected without the lock (a concurrent claim can only add to the count),
+    -- so claimers contend only for keys that have a free slot.
+    SELECT count(*) INTO used FROM leasequeue_job WHERE concurrency_key = p_key AND status = 'leased';
+    IF used < p_limit THEN
+        IF pg_try_advisory_xact_lock(1279395153, hashtext(p_key)) THEN
+            -- Count again: this snapshot is taken after the lock, so it sees every claim of the
+            -- key that committed before (the one above may predate the last holder's commit).
+            SELECT count(*) INTO used FROM leasequeue_job WHERE concurrency_key = p_key AND status = 'leased';
+        ELSE
+            used := 2147483647;
+        END IF;
     END IF;
     IF used >= p_limit THEN
         PERFORM set_config('leasequeue.conc_claim', state || tag || used::text, true);

@@ -79,3 +79,10 @@ def fenced_after_cancel(context: JobContext, key: str, max_seconds: float = 20.0
     with context.fenced_atomic():
         probe(context, key, "committed")  # must roll back: the cancel refuses the commit
     return "committed"
+
+
+@task(name="flowlab.sleeper", queue="flow")
+def sleeper(customer: str, seq: int, seconds: float = 0.1) -> int:
+    """The keyless twin of :func:`customer_job` (a baseline for the keyed-limit run time)."""
+    time.sleep(seconds)
+    return seq

@@ -100,3 +100,19 @@ def test_paused_rated_queue_is_not_claimed_and_logs_nothing():
     store.queue_resume("rated")
     assert len(claim(5, now)) == 3
     assert QueueState.objects.get(name="rated").rate_log[0][1] == 3
+
+
+def test_log_stays_small_and_merging_never_lets_an_extra_claim_through():
+    """200 single-job claims 0.4 s apart under 50/m: the log keeps at most ~101 entries, and no
+    60-second window of the real claim times holds more than 50."""
+    fill(200)
+    rates = {"rated": RateLimit(limit=50, per=60.0)}
+    t0 = store.db_now()
+    stamps = []
+    for step in range(200):
+        now = t0 + timedelta(seconds=step * 0.4)
+        stamps += [now] * len(claim(1, now, rates=rates))
+        assert len(QueueState.objects.get(name="rated").rate_log) <= 101
+    assert 50 < len(stamps) <= 100  # 80 s of claims: the first minute's 50, then slots as they free
+    for i, start in enumerate(stamps):
+        assert sum(1 for s in stamps[i:] if s <= start + timedelta(seconds=60)) <= 50

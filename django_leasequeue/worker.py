@@ -5,7 +5,9 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
 * :class:`WorkerService` claims up to as many jobs as it has free threads, in one statement, and
   hands them to the pool. It sleeps until a NOTIFY, a freed slot (only when it was saturated) or
   the poll interval, and runs the reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
-* :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3,
+  When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
+* :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3
+  (or ``HEARTBEAT_INTERVAL`` if shorter),
   stops renewing a job past its task's ``timeout`` (so a hung handler loses its lease and the job
   is retried elsewhere), and passes cancel requests and lost leases on to the handlers.
 * :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
@@ -30,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError
@@ -45,6 +47,8 @@ from .runtime import Service, close_broken_connections
 logger = logging.getLogger("django_leasequeue.worker")
 
 PROCESS_HEARTBEAT_INTERVAL = 5.0
+# Added to a rate-limit wait: the window is closed, so a claim exactly at the boundary still counts.
+THROTTLE_MARGIN = 0.005
 
 
 def make_worker_id(name: str | None = None) -> str:
@@ -71,9 +75,11 @@ class Completer(Service):
 
     name = "completer"
 
-    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000) -> None:
+    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
+                 on_flush: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.alias = alias
+        self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
         self.gather = gather
         self.max_batch = max_batch
         self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
@@ -107,11 +113,16 @@ class Completer(Service):
                     self._queue.put(item)
                 raise
             self.completed += len(done)
+            if self.on_flush is not None:
+                self.on_flush()
             for ctx, _ in batch:
                 fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                           "token": ctx.lease_version}
                 if ctx.job_id in done:
                     signals.emit("succeeded", **fields)
+                elif ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
+                    ctx.mark_cancel_requested()
+                    signals.emit("cancelled", **fields)
                 else:
                     ctx.mark_lease_lost()
                     signals.emit("lease_lost", **fields)
@@ -165,7 +176,7 @@ class HeartbeatService(Service):
                 item.ctx.leased_until = renewal.leased_until
                 if renewal.cancel_requested:
                     item.ctx.mark_cancel_requested()
-                item.next_renewal = now + item.lease / 3
+                item.next_renewal = now + self.worker.renewal_interval(item.lease)
                 next_wake = min(next_wake, item.next_renewal)
         if now >= self._next_process_beat:
             self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
@@ -214,19 +225,33 @@ class WorkerService(Service):
         self._threads: list[threading.Thread] = []
         self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
         self._saturated = False
-        self.completer = Completer(alias=self.alias)
+        # A written completion may free a concurrency-key slot that the last claim found full:
+        # claim again now rather than a poll interval later (only when the last claim came up short).
+        self.completer = Completer(alias=self.alias, on_flush=self._after_completions)
         self.heartbeat = HeartbeatService(self)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
         self.executor = Executor(worker_id=self.worker_id, settings=self.settings, alias=self.alias,
                                  complete=self.completer.submit)
         self.claimed = 0
+        self.throttled = 0  # claims cut short by a queue rate limit
+        self._throttled_until = 0.0
+        self._short_claim = False  # the last claim got fewer jobs than free slots
+
+    def _after_completions(self) -> None:
+        if self._short_claim:
+            self.wake()
 
     # -- pool -----------------------------------------------------------------------------------
     def inflight_snapshot(self) -> list[InFlight]:
         """The running jobs, for the heartbeat."""
         with self._lock:
             return list(self._inflight.values())
+
+    def renewal_interval(self, lease: float) -> float:
+        """Seconds between heartbeats of a job with this lease: lease/3, or ``HEARTBEAT_INTERVAL``
+        when that is shorter (it also bounds how late a running handler learns of a cancel)."""
+        return min(lease / 3, self.settings.heartbeat_interval)
 
     def free_slots(self) -> int:
         with self._lock:
@@ -299,6 +324,10 @@ class WorkerService(Service):
         if self.reap and now >= self._next_reap:
             self._next_reap = now + self.settings.reaper_interval
             reaper.reap_once(alias=self.alias)
+        if now < self._throttled_until:
+            # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
+            # (and be refused) again before the window frees.
+            return self._throttled_until - now
         free = self.free_slots()
         if free <= 0:
             with self._lock:
@@ -312,6 +341,15 @@ class WorkerService(Service):
         with self._lock:
             self._saturated = len(jobs) >= free
             idle = not self._inflight
+        self._short_claim = len(jobs) < free
+        wait = jobs.throttle_wait
+        if wait is not None and len(jobs) < free:
+            # Throttled: sleep until the oldest claim leaves the window (capped by the poll
+            # interval, so other queues of this worker wait no longer than polling would make them).
+            self.throttled += 1
+            delay = min(self.poll_interval, wait + THROTTLE_MARGIN)
+            self._throttled_until = time.monotonic() + delay
+            return delay
         if jobs:
             return 0.0
         if self.burst and idle and self.completer._queue.empty():
@@ -331,7 +369,8 @@ class WorkerService(Service):
                          leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
-                        deadline=now + timeout if timeout else None, next_renewal=now + lease / 3)
+                        deadline=now + timeout if timeout else None,
+                        next_renewal=now + self.renewal_interval(lease))
         with self._lock:
             self._inflight[job.id] = item
         self._tasks.put(job)

@@ -3,10 +3,9 @@
 from datetime import timedelta
 
 import pytest
+from invoices.tasks import flaky_sync
 
 from django_leasequeue import store
-from django_leasequeue.models import Job
-from invoices.tasks import flaky_sync
 
 pytestmark = pytest.mark.django_db
 

@@ -4,6 +4,7 @@ Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPO
 PGUSER (postgres), PGPASSWORD (empty).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_leasequeue",
     "invoices",
+    "flowlab",
 ]
 
 MIDDLEWARE = [
@@ -78,7 +80,11 @@ LEASEQUEUE = {
     "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
     "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX": 60,
+    # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
+    "QUEUES": json.loads(os.environ["LEASEQUEUE_QUEUES"]) if os.environ.get("LEASEQUEUE_QUEUES") else None,
 }
+if os.environ.get("LEASEQUEUE_HEARTBEAT_INTERVAL"):
+    LEASEQUEUE["HEARTBEAT_INTERVAL"] = float(os.environ["LEASEQUEUE_HEARTBEAT_INTERVAL"])
 
 LOGGING = {
     "version": 1,

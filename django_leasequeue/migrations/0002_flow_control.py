@@ -1,0 +1,107 @@
+# Flow control (issue 7): the per-queue rate-limit log and throttle counter on leasequeue_queue,
+# and the admission function that enforces per-key concurrency limits inside the claim.
+
+from django.db import migrations, models
+
+# Called by the claim statements (store.JOB_CLAIM*) for each candidate job that has a concurrency
+# key, inside the locked candidate scan (before FOR UPDATE SKIP LOCKED takes the row). It answers
+# "may this claim lease one more job of this key?" and serialises every claimer of a key:
+#
+# * The first time a claim statement meets key K it counts K's leased jobs; a full key is rejected
+#   there, without any lock. Otherwise it takes a transaction-scoped advisory lock on K with
+#   pg_try_advisory_xact_lock (two-int form, namespace 1279395153, so application advisory locks
+#   on one bigint never collide with ours). If another claim holds it, K is skipped for this claim,
+#   exactly like SKIP LOCKED skips a locked row: no waiting, no deadlock, and the other claimer is
+#   the one admitting K's jobs right now.
+# * Holding the lock, it counts K's leased jobs again. The function is VOLATILE, so under READ
+#   COMMITTED each count runs on a fresh snapshot; this one is taken after the lock was granted, so
+#   every claim of K that committed before (and released the lock at commit, after its rows became
+#   visible) is counted. A count in the claim statement's own snapshot would not see them, and two
+#   workers could both see 1 leased and both claim one more.
+# * Admissions within the same claim statement are remembered in a transaction-local setting
+#   (leasequeue.conc_claim: "<claim id>;<key hash>=<used>;..."), because the statement's own
+#   UPDATE has not run yet when its later candidates are examined. A new claim id resets it.
+#   Later rows of a known key cost one strpos() on that short string: a backlog of one busy key
+#   is skipped cheaply while the scan keeps looking for other keys and keyless jobs.
+#
+# The result is conservative, never over: a candidate that is admitted but then skipped by SKIP
+# LOCKED, re-checked after a concurrent update, or trimmed by the claim's outer LIMIT still counts
+# as used for this one statement, so a key may get fewer jobs in one claim, never more than its
+# limit. Keyless jobs never call it (the claim tests concurrency_key IS NULL first).
+CONC_ADMIT_FUNCTION = """
+CREATE OR REPLACE FUNCTION leasequeue_conc_admit(p_key text, p_limit integer, p_claim text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    state text := current_setting('leasequeue.conc_claim', true);
+    tag text := ';' || hashtextextended(p_key, 0)::text || '=';
+    pos integer := 0;
+    rest text;
+    cnt text;
+    used integer;
+BEGIN
+    IF state IS NULL OR split_part(state, ';', 1) IS DISTINCT FROM p_claim THEN
+        state := p_claim;
+    ELSE
+        pos := strpos(state, tag);
+    END IF;
+    IF pos > 0 THEN
+        rest := substr(state, pos + length(tag));
+        cnt := split_part(rest, ';', 1);
+        used := cnt::integer;
+        IF used >= p_limit THEN
+            RETURN false;
+        END IF;
+        PERFORM set_config('leasequeue.conc_claim',
+            left(state, pos - 1) || tag || (used + 1)::text || substr(rest, length(cnt) + 1), true);
+        RETURN true;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'django-leasequeue: claiming jobs with a concurrency key needs READ COMMITTED '
+                        'isolation (the fresh per-key count depends on it), not %',
+                        current_setting('transaction_isolation');
+    END IF;
+    -- A full key is rejected without the lock (a concurrent claim can only add to the count),
+    -- so claimers contend only for keys that have a free slot.
+    SELECT count(*) INTO used FROM leasequeue_job WHERE concurrency_key = p_key AND status = 'leased';
+    IF used < p_limit THEN
+        IF pg_try_advisory_xact_lock(1279395153, hashtext(p_key)) THEN
+            -- Count again: this snapshot is taken after the lock, so it sees every claim of the
+            -- key that committed before (the one above may predate the last holder's commit).
+            SELECT count(*) INTO used FROM leasequeue_job WHERE concurrency_key = p_key AND status = 'leased';
+        ELSE
+            used := 2147483647;
+        END IF;
+    END IF;
+    IF used >= p_limit THEN
+        PERFORM set_config('leasequeue.conc_claim', state || tag || used::text, true);
+        RETURN false;
+    END IF;
+    PERFORM set_config('leasequeue.conc_claim', state || tag || (used + 1)::text, true);
+    RETURN true;
+END
+$$;
+"""
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("django_leasequeue", "0001_initial"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="queuestate",
+            name="rate_log",
+            field=models.JSONField(
+                blank=True, default=list,
+                help_text="[[claim time as epoch seconds (database clock), jobs claimed], ...] inside the rate window",
+            ),
+        ),
+        migrations.AddField(
+            model_name="queuestate",
+            name="throttled_total",
+            field=models.BigIntegerField(default=0, help_text="claims cut short by the queue's rate limit"),
+        ),
+        migrations.RunSQL(CONC_ADMIT_FUNCTION, "DROP FUNCTION IF EXISTS leasequeue_conc_admit(text, integer, text);"),
+    ]

@@ -1,0 +1,43 @@
+"""Row factories for the admin tests: jobs in any state, written directly (not through enqueue)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django_leasequeue import store
+from django_leasequeue.models import Job
+
+ERROR = {"attempt": 1, "type": "ValueError", "message": "malformed payload: missing 'customer'",
+         "traceback": 'Traceback (most recent call last):\n  File "tasks.py", line 3, in poison\n'
+                      "ValueError: malformed payload: missing 'customer'\n",
+         "worker": "host:1:w", "at": "2026-01-01T00:00:00+00:00"}
+
+
+def job_fields(status: str = "ready", now: datetime | None = None, **fields: Any) -> dict[str, Any]:
+    """Column values of a job in ``status`` (dead and cancelled jobs are finished, with one error)."""
+    now = now or store.db_now()
+    values: dict[str, Any] = {
+        "task": "invoices.tasks.poison", "queue": "default", "status": status, "args": [],
+        "kwargs": {"payload": {}}, "run_at": now - timedelta(minutes=5), "created_at": now - timedelta(minutes=10),
+        "max_attempts": 3,
+    }
+    if status in ("dead", "cancelled", "done"):
+        values.update(finished_at=now - timedelta(minutes=1), attempts=3, lease_version=3)
+    if status == "dead":
+        values["errors"] = [dict(ERROR, attempt=i) for i in (1, 2, 3)]
+    if status == "leased":
+        values.update(attempts=1, lease_version=1, leased_until=now + timedelta(seconds=30), leased_by="h:1:w")
+    values.update(fields)
+    return values
+
+
+def make_job(status: str = "ready", **fields: Any) -> Job:
+    """Insert one job in ``status`` with sensible columns; ``fields`` override them."""
+    return Job.objects.create(**job_fields(status, **fields))
+
+
+def make_jobs(n: int, status: str = "ready", **fields: Any) -> list[int]:
+    """Insert ``n`` jobs in one statement; return their ids."""
+    values = job_fields(status, **fields)
+    return [j.id for j in Job.objects.bulk_create([Job(**values) for _ in range(n)], batch_size=5000)]

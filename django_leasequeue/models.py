@@ -213,3 +213,13 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id}"
+
+
+class Dashboard(QueueState):
+    """Proxy of :class:`QueueState` that gives the admin's queue dashboard its index entry and URL
+    (``admin/django_leasequeue/dashboard/``) and its own view permission. No table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "queue dashboard"
+        verbose_name_plural = "queue dashboard"

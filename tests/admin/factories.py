@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
+
 from django_leasequeue import store
 from django_leasequeue.models import Job
 
@@ -38,6 +40,12 @@ def make_job(status: str = "ready", **fields: Any) -> Job:
 
 
 def make_jobs(n: int, status: str = "ready", **fields: Any) -> list[int]:
-    """Insert ``n`` jobs in one statement; return their ids."""
-    values = job_fields(status, **fields)
-    return [j.id for j in Job.objects.bulk_create([Job(**values) for _ in range(n)], batch_size=5000)]
+    """Insert ``n`` identical jobs (one through the ORM, the rest copied from it in one
+    ``INSERT ... SELECT`` over ``generate_series``, fast even on a busy machine); return their ids."""
+    first = make_job(status, **fields)
+    columns = [f.column for f in Job._meta.concrete_fields if f.column != "id"]
+    cols = ", ".join(columns)
+    with connection.cursor() as cur:
+        cur.execute(f"INSERT INTO {Job._meta.db_table} ({cols}) SELECT {cols} FROM {Job._meta.db_table}, "
+                    f"generate_series(2, %s) WHERE id = %s RETURNING id", [n, first.id])
+        return [first.id, *sorted(r[0] for r in cur.fetchall())]

@@ -1,0 +1,1046 @@
+"""The operator's surface: jobs, dead letters, replay, schedules and a queue dashboard in the admin.
+
+Pages (all under the app "Lease queue"):
+
+* **Jobs** (:class:`JobAdmin`): every job, newest first, with status, task, queue, attempts,
+  ``run_at``, age and the last error's type and message; filters by status, queue, task and "has
+  errors"; search by id, task or unique key. The change page is read-only: arguments pretty-printed,
+  every failed attempt with its traceback (collapsible), the operator history (replays, edits,
+  cancels, releases), and buttons for Replay, "Edit arguments and replay", Cancel and Retry now.
+* **Dead letters** (:class:`DeadLetterAdmin`, the ``DeadLetter`` proxy): only ``dead`` jobs,
+  newest death first, with counts grouped by task and error type at the top and a Replay button per
+  row.
+* **Schedules** (:class:`ScheduleAdmin`): cron in words (cron-descriptor), the next five occurrences
+  in the schedule's zone, enable/disable, "run now", validation on the form.
+* **Queue dashboard** (:class:`DashboardAdmin`, ``admin/django_leasequeue/dashboard/``): per queue
+  due, scheduled, leased and dead counts, the oldest due job's age, done and dead-lettered jobs in
+  the last 5 minutes and hour, paused state with pause/resume, live processes and the last
+  scheduler tick, all read through :func:`django_leasequeue.health.snapshot` (the same query layer
+  as monitoring).
+
+Writes: every change of a job's state goes through :mod:`django_leasequeue.store` (``job_replay``,
+``job_request_cancel``, ``job_retry_now``, ``queue_pause``/``queue_resume``): one statement per
+action however many rows are selected (10,000 selected rows, or "select all" across a filter, cost a
+handful of queries, never a ``save()`` per row). Detail-page buttons and bulk actions share one code
+path per operation (C32: a replay button that silently did nothing while the list action worked).
+Every write is a POST through the admin's CSRF protection; replay needs the ``replay_job``
+permission, cancel and retry-now need ``change_job``, pause/resume needs ``change_queuestate``.
+
+Large tables (C24): the job list never loads ``args``, ``kwargs``, ``errors``, ``history`` or
+``result`` (deferred; the last error is a short annotation), never counts the whole table (an
+estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choices without a
+``SELECT DISTINCT`` over the job table.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django import forms
+from django.conf import settings as django_settings
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
+
+from . import cron, registry, store
+from .conf import get_settings
+from .exceptions import LeaseQueueError
+from .models import Dashboard, DeadLetter, Job, JobStatus, QueueState, Schedule
+
+APP = Job._meta.app_label
+
+#: Up to this many matching rows the job list shows an exact count; beyond it, the planner's
+#: estimate (an exact count of a million rows costs a scan per page load).
+EXACT_COUNT_LIMIT = 10_000
+
+#: Bulk actions send ids to the store in statements of at most this many ids.
+BULK_CHUNK = 10_000
+
+#: Columns the job list never loads (C24: a 1 MB kwargs must not travel for a list row).
+HEAVY_FIELDS = ("args", "kwargs", "errors", "history", "result")
+
+#: Characters of pretty-printed JSON shown on a change page before it is cut (the replay form
+#: always shows the whole payload).
+JSON_DISPLAY_LIMIT = 64 * 1024
+
+STATUS_COLOURS = {
+    "ready": "#1f6feb", "leased": "#9a6700", "done": "#1a7f37", "dead": "#cf222e", "cancelled": "#6e7781",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _by(request: HttpRequest) -> str:
+    """The operator's name as recorded in job history."""
+    return request.user.get_username() or f"user #{request.user.pk}"
+
+
+def _ids(queryset) -> list[int]:
+    """The selected job ids in one query (only the id column)."""
+    return list(queryset.order_by().values_list("pk", flat=True))
+
+
+def _chunks(ids: list[int]):
+    for start in range(0, len(ids), BULK_CHUNK):
+        yield ids[start:start + BULK_CHUNK]
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def _pre(value: Any, limit: int = JSON_DISPLAY_LIMIT) -> str:
+    text = _pretty(value)
+    if len(text) > limit:
+        return format_html('<pre class="lq-json">{}</pre><p class="help">… cut at {} of {} characters; '
+                           'the replay form shows the whole value.</p>', text[:limit], limit, len(text))
+    return format_html('<pre class="lq-json">{}</pre>', text)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a short human duration: ``"0 s"``, ``"42 s"``, ``"3 min 20 s"``, ``"2 h 5 min"``,
+    ``"3 d 4 h"``; ``"—"`` for None."""
+    if seconds is None:
+        return "—"
+    s = int(round(max(seconds, 0)))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def _summarise_refusals(refused: dict[int, str], limit: int = 5) -> str:
+    """Group refusal reasons: ``"3 × job is ready; ... (#1, #2, #3)"``, at most ``limit`` groups."""
+    groups: dict[str, list[int]] = {}
+    for job_id, reason in sorted(refused.items()):
+        groups.setdefault(reason, []).append(job_id)
+    parts = []
+    for reason, ids in list(groups.items())[:limit]:
+        shown = ", ".join(f"#{i}" for i in ids[:limit]) + (" …" if len(ids) > limit else "")
+        parts.append(f"{len(ids)} × {reason} ({shown})")
+    if len(groups) > limit:
+        parts.append(f"and {len(groups) - limit} other reasons")
+    return "; ".join(parts)
+
+
+def replay_jobs(request: HttpRequest, ids: list[int], *, args: list | None = None,
+                kwargs: dict | None = None) -> store.ReplayResult:
+    """Replay jobs through :func:`store.job_replay` and tell the operator what happened.
+
+    The one code path of the Replay button, the "edit and replay" form and the bulk action.
+    """
+    replayed: list[int] = []
+    refused: dict[int, str] = {}
+    for chunk in _chunks(ids):
+        result = store.job_replay(chunk, by=_by(request), args=args, kwargs=kwargs)
+        replayed += result.replayed
+        refused.update(result.refused)
+    if replayed:
+        if len(replayed) == 1:
+            url = reverse(f"admin:{APP}_job_change", args=[replayed[0]])
+            messages.success(request, format_html(
+                'Replayed job <a href="{}">#{}</a>: it is ready and due now{}.', url, replayed[0],
+                " with the edited arguments" if (args is not None or kwargs is not None) else ""))
+        else:
+            messages.success(request, f"Replayed {len(replayed)} jobs: they are ready and due now.")
+    if refused:
+        level = messages.WARNING if replayed else messages.ERROR
+        messages.add_message(request, level, f"Not replayed: {_summarise_refusals(refused)}.")
+    return store.ReplayResult(replayed, refused)
+
+
+def cancel_jobs(request: HttpRequest, ids: list[int]) -> None:
+    """Cancel ready jobs and ask leased ones to stop, through :func:`store.job_request_cancel`."""
+    cancelled = requested = unchanged = 0
+    for chunk in _chunks(ids):
+        counts = store.job_request_cancel(chunk, by=_by(request))
+        cancelled += counts.cancelled
+        requested += counts.requested
+        unchanged += counts.unchanged
+    parts = []
+    if cancelled:
+        parts.append(f"cancelled {cancelled} ready job{'s' if cancelled != 1 else ''}")
+    if requested:
+        parts.append(f"asked {requested} running job{'s' if requested != 1 else ''} to stop (its worker's "
+                     "completion will be refused and the job ends cancelled)")
+    if parts:
+        messages.success(request, "; ".join(parts).capitalize() + ".")
+    if unchanged:
+        messages.warning(request, f"{unchanged} job{'s were' if unchanged != 1 else ' was'} left alone: "
+                                  "already finished or already asked to stop.")
+
+
+def retry_now_jobs(request: HttpRequest, ids: list[int]) -> None:
+    """Make ready jobs waiting on a retry backoff due now, through :func:`store.job_retry_now`."""
+    changed = sum(store.job_retry_now(chunk, by=_by(request)) for chunk in _chunks(ids))
+    if changed:
+        messages.success(request, f"{changed} job{'s are' if changed != 1 else ' is'} due now.")
+    if changed < len(ids):
+        messages.warning(request, f"{len(ids) - changed} job{'s were' if len(ids) - changed != 1 else ' was'} "
+                                  "left alone: only ready jobs waiting out a retry backoff are moved.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Job list machinery: estimated count, deferred columns, cheap filters
+# ---------------------------------------------------------------------------------------------
+
+
+class EstimatedCountPaginator(Paginator):
+    """A paginator that never counts more than :data:`EXACT_COUNT_LIMIT` rows.
+
+    It counts at most ``EXACT_COUNT_LIMIT + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``, bounded
+    work whatever the table size); beyond that it takes PostgreSQL's row estimate for the same query
+    (``EXPLAIN``), which is what ``pg_class.reltuples`` gives for the unfiltered table. The
+    admin's pagination then says "about N". The idea is the common "estimated count" recipe for
+    large PostgreSQL tables (e.g. the django-postgres-extra and Wagtail discussions); the bounded
+    exact count keeps small filtered lists exact.
+    """
+
+    is_estimate = False
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        exact = qs.order_by()[: EXACT_COUNT_LIMIT + 1].count()
+        if exact <= EXACT_COUNT_LIMIT:
+            return exact
+        self.is_estimate = True
+        try:
+            plan = json.loads(qs.order_by().explain(format="json"))
+            estimate = int(plan[0]["Plan"]["Plan Rows"])
+        except Exception:  # an estimate is a nicety; never fail the page for it
+            estimate = 0
+        return max(estimate, exact)
+
+
+class JobChangeList(ChangeList):
+    """The job list's query: heavy JSON columns deferred, the last error as a short annotation."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        qs = super().get_queryset(request, exclude_parameters)
+        return qs.defer(*HEAVY_FIELDS).annotate(
+            last_error_type=KT("errors__-1__type"),
+            last_error_message=Left(KT("errors__-1__message"), 200),
+        )
+
+
+def known_queues() -> list[str]:
+    """Queue names known without reading the job table: settings, queue rows and task defaults."""
+    settings = get_settings()
+    names = {settings.default_queue}
+    if settings.queues:
+        names.update(settings.queues)
+    names.update(QueueState.objects.values_list("name", flat=True))
+    registry.autodiscover()
+    names.update(t.queue for t in registry.registered_tasks().values() if t.queue)
+    return sorted(names)
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Filter by queue; the choices come from settings, queue rows and tasks, not from the job table
+    (a ``SELECT DISTINCT queue`` would read every row of a large table on each page load)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        names = known_queues()
+        if self.value() and self.value() not in names:
+            names.append(self.value())
+        return [(n, n) for n in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class TaskFilter(admin.SimpleListFilter):
+    """Filter by task; the choices are the registered tasks (plus the current value)."""
+
+    title = "task"
+    parameter_name = "task"
+
+    def lookups(self, request, model_admin):
+        registry.autodiscover()
+        names = sorted(registry.registered_tasks())
+        if self.value() and self.value() not in names:
+            names.append(self.value())
+        return [(n, n.rsplit(".", 1)[-1] if names.count(n) == 1 else n) for n in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(task=self.value()) if self.value() else queryset
+
+
+class HasErrorsFilter(admin.SimpleListFilter):
+    """Jobs with at least one failed attempt recorded, or none."""
+
+    title = "errors"
+    parameter_name = "has_errors"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "has errors"), ("no", "no errors")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.exclude(errors=[])
+        if self.value() == "no":
+            return queryset.filter(errors=[])
+        return queryset
+
+
+class ReplayForm(forms.Form):
+    """Arguments of a dead letter, editable before the replay (a fix for a bad payload)."""
+
+    args = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 100, "class": "vLargeTextField lq-code"}),
+                           help_text="JSON list of positional arguments.")
+    kwargs = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "cols": 100, "class": "vLargeTextField lq-code"}),
+                             help_text="JSON object of keyword arguments.")
+
+    @staticmethod
+    def _load(text: str, kind: type, name: str) -> Any:
+        def no_constant(value: str) -> Any:
+            raise ValidationError(f"{value} is not JSON (no NaN or Infinity)")
+
+        try:
+            value = json.loads(text, parse_constant=no_constant)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"not valid JSON: {exc}")
+        if not isinstance(value, kind):
+            raise ValidationError(f"{name} must be a JSON {'list' if kind is list else 'object'}")
+        try:
+            registry.check_json(value, name)
+        except LeaseQueueError as exc:
+            raise ValidationError(str(exc))
+        return value
+
+    def clean_args(self) -> list:
+        return self._load(self.cleaned_data["args"], list, "args")
+
+    def clean_kwargs(self) -> dict:
+        return self._load(self.cleaned_data["kwargs"], dict, "kwargs")
+
+    def clean(self):
+        data = super().clean()
+        if "args" in data and "kwargs" in data:
+            try:
+                registry.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
+            except LeaseQueueError as exc:
+                raise ValidationError(str(exc))
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs: a read-only view of the queue's rows plus replay, cancel and retry-now."""
+
+    list_display = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age", "last_error_short")
+    list_display_links = ("id", "task")
+    list_filter = ("status", QueueFilter, TaskFilter, HasErrorsFilter)
+    search_fields = ("=id", "task", "=unique_key")
+    search_help_text = "Job id (123 or #123), part of a task name, or an exact unique key."
+    list_per_page = 100
+    show_full_result_count = False  # no second COUNT(*) of the whole table per page load
+    paginator = EstimatedCountPaginator
+    sortable_by = ("id", "status_badge", "task", "queue", "run_at", "age")
+    actions = ["replay_selected", "cancel_selected", "retry_now_selected"]
+    change_form_template = "admin/django_leasequeue/job/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("id", "task", "status_badge", "queue", "priority", "unique_key", "unique_scope",
+                           "concurrency_key", "schedule", "occurrence_at")}),
+        ("Attempts and lease", {"fields": ("attempts", "max_attempts", "lease_version", "leased_until",
+                                           "leased_by", "lease_seconds", "cancel_requested", "snoozes")}),
+        ("Times (database clock)", {"fields": ("run_at", "created_at", "started_at", "attempted_at",
+                                               "finished_at")}),
+        ("Arguments", {"fields": ("args_pretty", "kwargs_pretty")}),
+        ("Errors", {"fields": ("errors_display",)}),
+        ("History", {"fields": ("history_display",)}),
+        ("Result", {"classes": ("collapse",), "fields": ("result_pretty",)}),
+    )
+
+    # show_facets exists since Django 5.0: facet counts would count every filter choice per page.
+    if hasattr(admin, "ShowFacets"):
+        show_facets = admin.ShowFacets.NEVER
+
+    class Media:
+        css = {"all": ("django_leasequeue/admin.css",)}
+
+    # -- permissions ---------------------------------------------------------------------------
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False  # jobs are enqueued by code (and by "run now" on a schedule)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # One finished job at a time, from its page: deleting a ready or leased job would drop work
+        # silently, and the bulk "delete selected" (no obj) would list every selected row for
+        # confirmation, which is no use on 10,000 rows.
+        if obj is None or obj.status not in ("done", "dead", "cancelled"):
+            return False
+        return request.user.has_perm(f"{APP}.delete_job")
+
+    def has_replay_permission(self, request, obj=None) -> bool:
+        """The ``replay_job`` permission (declared in ``Job.Meta.permissions``)."""
+        return request.user.has_perm(f"{APP}.replay_job")
+
+    def has_operate_permission(self, request, obj=None) -> bool:
+        """Cancel and retry-now need ``change_job``."""
+        return request.user.has_perm(f"{APP}.change_job")
+
+    def get_readonly_fields(self, request, obj=None):
+        names = [f for fs in self.fieldsets for f in fs[1]["fields"]]
+        return names
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
+    def get_search_results(self, request, queryset, search_term):
+        """Search by id (``123`` or ``#123``), task name (substring) or unique key (exact)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        q = Q(task__icontains=term) | Q(unique_key=term)
+        digits = term.lstrip("#")
+        if digits.isdigit() and int(digits) < 2**63:
+            q = Q(pk=int(digits)) | Q(unique_key=term)
+        return queryset.filter(q), False
+
+    # -- list columns ----------------------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Job) -> str:
+        label = obj.status
+        if obj.status == "ready" and obj.run_at and obj.run_at > timezone.now():
+            label = "scheduled" if not obj.attempts else "retry wait"
+        if obj.cancel_requested and obj.status == "leased":
+            label = "leased, cancel requested"
+        return format_html('<span class="lq-status lq-{}" style="color:{}">{}</span>', obj.status,
+                           STATUS_COLOURS.get(obj.status, "inherit"), label)
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj: Job) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: Job) -> str:
+        return timesince(obj.created_at) if obj.created_at else "—"
+
+    @admin.display(description="last error")
+    def last_error_short(self, obj: Job) -> str:
+        kind = getattr(obj, "last_error_type", None)
+        if kind is None:
+            return ""
+        message = getattr(obj, "last_error_message", "") or ""
+        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message, kind,
+                           message[:80] + ("…" if len(message) > 80 else ""))
+
+    # -- change page fields --------------------------------------------------------------------
+
+    @admin.display(description="args")
+    def args_pretty(self, obj: Job) -> str:
+        return _pre(obj.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_pretty(self, obj: Job) -> str:
+        return _pre(obj.kwargs)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: Job) -> str:
+        return _pre(obj.result) if obj.result is not None else "—"
+
+    @admin.display(description="failed attempts")
+    def errors_display(self, obj: Job) -> str:
+        if not obj.errors:
+            return "none"
+        replays = [_parse_time(h.get("at")) for h in obj.history if h.get("event") == "replayed"]
+        entries = []
+        for index, error in enumerate(obj.errors):
+            at = _parse_time(error.get("at"))
+            run = sum(1 for r in replays if r and at and r <= at)
+            entries.append({"n": index + 1, "error": error, "at": at, "run": run})
+        return render_to_string("admin/django_leasequeue/job/_errors.html",
+                                {"entries": list(reversed(entries)), "replayed": bool(replays)})
+
+    @admin.display(description="operator history")
+    def history_display(self, obj: Job) -> str:
+        if not obj.history:
+            return "none"
+        rows = []
+        for entry in reversed(obj.history):
+            extra = {k: v for k, v in entry.items() if k not in ("event", "at", "by", "worker", "old", "new")}
+            rows.append({"entry": entry, "at": _parse_time(entry.get("at")),
+                         "who": entry.get("by") or entry.get("worker") or "",
+                         "extra": ", ".join(f"{k}: {v}" for k, v in extra.items()),
+                         "old": _pretty(entry["old"]) if "old" in entry else None,
+                         "new": _pretty(entry["new"]) if "new" in entry else None})
+        return render_to_string("admin/django_leasequeue/job/_history.html", {"rows": rows})
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def get_urls(self):
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{prefix}_replay"),
+            path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{prefix}_cancel"),
+            path("<path:object_id>/retry-now/", wrap(self.retry_now_view), name=f"{prefix}_retry_now"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        obj = self.get_object(request, object_id)
+        extra = {
+            "show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
+            "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
+        }
+        if obj is not None:
+            now = timezone.now()
+            extra.update({
+                "lq_job": obj,
+                "lq_can_replay": obj.status in ("dead", "cancelled") and self.has_replay_permission(request),
+                "lq_can_cancel": (obj.status == "ready" or (obj.status == "leased" and not obj.cancel_requested))
+                and self.has_operate_permission(request),
+                "lq_can_retry_now": obj.status == "ready" and obj.attempts > 0 and obj.run_at > now
+                and self.has_operate_permission(request),
+                "lq_replay_url": reverse(f"admin:{APP}_job_replay", args=[obj.pk]),
+                "lq_cancel_url": reverse(f"admin:{APP}_job_cancel", args=[obj.pk]),
+                "lq_retry_now_url": reverse(f"admin:{APP}_job_retry_now", args=[obj.pk]),
+            })
+        extra.update(extra_context or {})
+        return super().change_view(request, object_id, form_url, extra)
+
+    def get_object(self, request, object_id, from_field=None):
+        # The change page loads the whole row (the list defers the heavy columns).
+        try:
+            return self.get_queryset(request).get(pk=int(object_id))
+        except (ValueError, Job.DoesNotExist):
+            return None
+
+    def _job_or_404(self, request, object_id) -> Job:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        try:
+            return get_object_or_404(Job, pk=int(object_id))
+        except ValueError:
+            raise Http404("no such job")
+
+    def _back(self, request, job: Job) -> HttpResponse:
+        if request.POST.get("_from") == "list":
+            return HttpResponseRedirect(request.META.get("HTTP_REFERER")
+                                        or reverse(f"admin:{APP}_deadletter_changelist"))
+        return HttpResponseRedirect(reverse(f"admin:{APP}_job_change", args=[job.pk]))
+
+    def replay_view(self, request, object_id) -> HttpResponse:
+        """GET: the "edit arguments and replay" form. POST: replay (with the edited arguments when
+        the form's fields are posted). Needs ``replay_job``; 403 otherwise."""
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        job = self._job_or_404(request, object_id)
+        form = None
+        if request.method == "POST":
+            if "args" not in request.POST and "kwargs" not in request.POST:
+                replay_jobs(request, [job.pk])
+                return self._back(request, job)
+            form = ReplayForm(request.POST)
+            if form.is_valid():
+                replay_jobs(request, [job.pk], args=form.cleaned_data["args"], kwargs=form.cleaned_data["kwargs"])
+                return self._back(request, job)
+        elif request.method != "GET":
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if form is None:
+            form = ReplayForm(initial={"args": _pretty(job.args), "kwargs": _pretty(job.kwargs)})
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Replay job #{job.pk}",
+            "opts": Job._meta,
+            "job": job,
+            "form": form,
+            "replayable": job.status in ("dead", "cancelled"),
+            "last_error": job.last_error,
+            "change_url": reverse(f"admin:{APP}_job_change", args=[job.pk]),
+        }
+        return TemplateResponse(request, "admin/django_leasequeue/job/replay.html", context)
+
+    def cancel_view(self, request, object_id) -> HttpResponse:
+        """POST: cancel a ready job, or ask a leased job to stop. Needs ``change_job``."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        job = self._job_or_404(request, object_id)
+        cancel_jobs(request, [job.pk])
+        return self._back(request, job)
+
+    def retry_now_view(self, request, object_id) -> HttpResponse:
+        """POST: make a ready job waiting on its retry backoff due now. Needs ``change_job``."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        job = self._job_or_404(request, object_id)
+        retry_now_jobs(request, [job.pk])
+        return self._back(request, job)
+
+    def changelist_view(self, request, extra_context=None):
+        extra = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist")}
+        extra.update(extra_context or {})
+        return super().changelist_view(request, extra)
+
+    # -- bulk actions ----------------------------------------------------------------------------
+
+    @admin.action(description="Replay selected dead or cancelled jobs", permissions=["replay"])
+    def replay_selected(self, request, queryset) -> None:
+        replay_jobs(request, _ids(queryset))
+
+    @admin.action(description="Cancel selected jobs (ready: now; running: ask to stop)", permissions=["operate"])
+    def cancel_selected(self, request, queryset) -> None:
+        cancel_jobs(request, _ids(queryset))
+
+    @admin.action(description="Retry now (ready jobs waiting on a retry backoff)", permissions=["operate"])
+    def retry_now_selected(self, request, queryset) -> None:
+        retry_now_jobs(request, _ids(queryset.filter(status="ready")))
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(JobAdmin):
+    """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
+
+    list_display = ("id", "task", "queue", "attempts_display", "finished_at", "last_error_short", "replay_button")
+    list_filter = (QueueFilter, TaskFilter)
+    sortable_by = ("id", "task", "queue", "finished_at")
+    ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
+    actions = ["replay_selected"]
+    change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(status=JobStatus.DEAD)
+
+    # A dead letter is a job: users with the job permissions may work with dead letters.
+    def has_view_permission(self, request, obj=None) -> bool:
+        return super().has_view_permission(request, obj) or request.user.has_perm(f"{APP}.view_job") \
+            or request.user.has_perm(f"{APP}.change_job")
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return super().has_change_permission(request, obj) or request.user.has_perm(f"{APP}.change_job")
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return super().has_delete_permission(request, obj) or (
+            obj is not None and obj.status == "dead" and request.user.has_perm(f"{APP}.delete_deadletter"))
+
+    def has_module_permission(self, request) -> bool:
+        return self.has_view_permission(request)
+
+    def get_list_display(self, request):
+        if self.has_replay_permission(request):
+            return self.list_display
+        return tuple(c for c in self.list_display if c != "replay_button")
+
+    @admin.display(description="")
+    def replay_button(self, obj: Job) -> str:
+        # The changelist is one <form> with the CSRF token; this button posts it to the replay URL.
+        url = reverse(f"admin:{APP}_job_replay", args=[obj.pk])
+        return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
+                           'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        cl = context.get("cl") if context else None
+        if cl is not None:
+            groups = list(
+                cl.queryset.order_by().values("task", "last_error_type")
+                .annotate(n=Count("pk")).order_by("-n", "task")[:25]
+            )
+            context["lq_groups"] = groups
+            context["lq_group_total"] = sum(g["n"] for g in groups)
+        return response
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+
+
+def schedule_zone(schedule: Schedule) -> str:
+    """The schedule's IANA zone; blank means the project's ``TIME_ZONE`` (UTC if unset)."""
+    return schedule.timezone or getattr(django_settings, "TIME_ZONE", None) or "UTC"
+
+
+_CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+                 "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+def describe_cron(expr: str) -> str:
+    """The expression in words (cron-descriptor), e.g. ``"At 02:30, Monday through Friday"``.
+
+    A 6-field expression has its seconds LAST (croniter's convention, see :mod:`cron`), while
+    cron-descriptor expects them first, so the field is moved before describing.
+    """
+    from cron_descriptor import get_description
+
+    text = (expr or "").strip()
+    text = _CRON_ALIASES.get(text.lower(), text)
+    fields = text.split()
+    if len(fields) == 6:
+        fields = [fields[5], *fields[:5]]
+    try:
+        return get_description(" ".join(fields))
+    except Exception as exc:  # cron-descriptor is only a description; validation is cron.py's
+        return f"(cannot describe: {exc})"
+
+
+class ScheduleForm(forms.ModelForm):
+    """Schedule form: cron and zone checked with :mod:`cron`; the model's ``full_clean()`` runs too
+    (ModelForm), so model-level validation appears on the form as well."""
+
+    class Meta:
+        model = Schedule
+        fields = ("name", "task", "cron", "timezone", "args", "kwargs", "queue", "priority", "enabled",
+                  "catch_up", "catch_up_limit")
+        help_texts = {
+            "cron": "5 fields (minute hour day month weekday), or 6 with seconds last; @daily, @hourly… "
+                    "Evaluated on the wall clock of the time zone below.",
+            "timezone": "IANA name such as Europe/Berlin; blank: the project's TIME_ZONE.",
+        }
+
+    def clean_cron(self) -> str:
+        expr = (self.cleaned_data.get("cron") or "").strip()
+        try:
+            cron.validate_cron(expr)
+        except cron.InvalidCron as exc:
+            raise ValidationError(str(exc))
+        return expr
+
+    def clean_timezone(self) -> str:
+        name = (self.cleaned_data.get("timezone") or "").strip()
+        if name:
+            try:
+                cron.validate_timezone(name)
+            except cron.InvalidTimezone as exc:
+                raise ValidationError(str(exc))
+        return name
+
+    def clean_task(self) -> str:
+        name = (self.cleaned_data.get("task") or "").strip()
+        registry.autodiscover()
+        try:
+            registry.get_task(name)
+        except LeaseQueueError as exc:
+            raise ValidationError(str(exc))
+        return name
+
+    def clean_args(self) -> list:
+        value = self.cleaned_data.get("args")
+        if not isinstance(value, list):
+            raise ValidationError("args must be a JSON list")
+        try:
+            registry.check_json(value, "args")
+        except LeaseQueueError as exc:
+            raise ValidationError(str(exc))
+        return value
+
+    def clean_kwargs(self) -> dict:
+        value = self.cleaned_data.get("kwargs")
+        if not isinstance(value, dict):
+            raise ValidationError("kwargs must be a JSON object")
+        try:
+            registry.check_json(value, "kwargs")
+        except LeaseQueueError as exc:
+            raise ValidationError(str(exc))
+        return value
+
+
+def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None = None) -> Job | None:
+    """Enqueue one job of ``schedule`` now, with its own unique key (never an occurrence's key).
+
+    The key is ``leasequeue:schedule:<id>:run-now:<nonce>``; the change page's button carries a
+    nonce made when the page was rendered, so a double-submitted form enqueues one job.
+    """
+    try:
+        spec = registry.get_task(schedule.task)
+        if not isinstance(spec, registry.Task):
+            raise LeaseQueueError(f"task {schedule.task!r} is not a leasequeue @task")
+        new = registry.build_job(spec, schedule.args, schedule.kwargs, queue=schedule.queue or None,
+                                 priority=schedule.priority,
+                                 unique_key=f"leasequeue:schedule:{schedule.pk}:run-now:{nonce or uuid.uuid4().hex}")
+    except LeaseQueueError as exc:
+        messages.error(request, f"Schedule {schedule.name!r} was not run: {exc}")
+        return None
+    import dataclasses
+
+    new = dataclasses.replace(new, schedule_id=schedule.pk)
+    settings = get_settings()
+    rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel)
+    if not rows:
+        job = store.job_get_by_unique_key(new.unique_key, new.unique_scope)
+        if job is not None:
+            messages.info(request, format_html('Schedule {} was already run from this page: job <a href="{}">#{}</a>.',
+                                               schedule.name, reverse(f"admin:{APP}_job_change", args=[job.pk]),
+                                               job.pk))
+        return job
+    job = rows[0]
+    messages.success(request, format_html('Enqueued job <a href="{}">#{}</a> of schedule {}.',
+                                          reverse(f"admin:{APP}_job_change", args=[job.pk]), job.pk, schedule.name))
+    return job
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Schedules: cron in words, the next five occurrences, enable/disable and "run now"."""
+
+    form = ScheduleForm
+    list_display = ("name", "task", "cron", "cron_words", "zone", "enabled", "next_occurrence_at",
+                    "last_occurrence_at")
+    list_filter = ("enabled", "source")
+    search_fields = ("name", "task")
+    actions = ["enable_selected", "disable_selected", "run_now_selected"]
+    readonly_fields = ("cron_words", "next_five", "last_occurrence_at", "next_occurrence_at",
+                       "skipped_occurrences", "source", "created_at", "updated_at")
+    change_form_template = "admin/django_leasequeue/schedule/change_form.html"
+
+    def get_fieldsets(self, request, obj=None):
+        return (
+            (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "enabled")}),
+            ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
+            ("State", {"fields": ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "source",
+                                  "created_at", "updated_at")}),
+        )
+
+    @admin.display(description="in words")
+    def cron_words(self, obj: Schedule) -> str:
+        return describe_cron(obj.cron) if obj and obj.cron else "—"
+
+    @admin.display(description="time zone")
+    def zone(self, obj: Schedule) -> str:
+        return obj.timezone or f"({schedule_zone(obj)})"
+
+    @admin.display(description="next five occurrences")
+    def next_five(self, obj: Schedule) -> str:
+        if not obj or not obj.pk:
+            return "—"
+        zone_name = schedule_zone(obj)
+        try:
+            zone = ZoneInfo(zone_name)
+            start = store.db_now()
+            found = []
+            after = start
+            for _ in range(5):
+                after = cron.next_occurrence(obj.cron, zone_name, after)
+                found.append(after)
+        except (ValueError, LeaseQueueError, KeyError) as exc:
+            return f"cannot compute: {exc}"
+        return format_html("<ol class='lq-occurrences'>{}</ol>", format_html_join(
+            "", "<li>{} <span class='quiet'>({} UTC)</span></li>",
+            ((o.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), o.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
+             for o in found)))
+
+    def save_model(self, request, obj, form, change):
+        # A new or changed expression or zone starts from now: no back-fill of "missed" runs.
+        if not change or {"cron", "timezone", "enabled"} & set(form.changed_data):
+            try:
+                obj.next_occurrence_at = cron.next_occurrence(obj.cron, schedule_zone(obj), store.db_now())
+            except ValueError:
+                obj.next_occurrence_at = None
+        super().save_model(request, obj, form, change)
+
+    def get_urls(self):
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [path("<path:object_id>/run-now/", self.admin_site.admin_view(self.run_now_view),
+                     name=f"{prefix}_run_now"), *super().get_urls()]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra = {"lq_run_now_nonce": uuid.uuid4().hex,
+                 "lq_can_run_now": self.has_change_permission(request)}
+        extra.update(extra_context or {})
+        return super().change_view(request, object_id, form_url, extra)
+
+    def run_now_view(self, request, object_id) -> HttpResponse:
+        """POST: enqueue one job of the schedule now. Needs ``change_schedule``."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        schedule = get_object_or_404(Schedule, pk=object_id)
+        nonce = "".join(c for c in request.POST.get("nonce", "") if c.isalnum())[:32] or None
+        run_schedule_now(request, schedule, nonce)
+        return HttpResponseRedirect(reverse(f"admin:{APP}_schedule_change", args=[schedule.pk]))
+
+    @admin.action(description="Enable selected schedules (from now on: missed runs are not caught up)",
+                  permissions=["change"])
+    def enable_selected(self, request, queryset) -> None:
+        now = store.db_now()
+        changed = []
+        for schedule in queryset.filter(enabled=False):
+            schedule.enabled = True
+            try:
+                schedule.next_occurrence_at = cron.next_occurrence(schedule.cron, schedule_zone(schedule), now)
+            except ValueError:
+                schedule.next_occurrence_at = None
+            changed.append(schedule)
+        Schedule.objects.bulk_update(changed, ["enabled", "next_occurrence_at"])
+        messages.success(request, f"Enabled {len(changed)} schedule{'s' if len(changed) != 1 else ''}.")
+
+    @admin.action(description="Disable selected schedules", permissions=["change"])
+    def disable_selected(self, request, queryset) -> None:
+        n = queryset.filter(enabled=True).update(enabled=False)
+        messages.success(request, f"Disabled {n} schedule{'s' if n != 1 else ''}.")
+
+    @admin.action(description="Run selected schedules now (one job each)", permissions=["change"])
+    def run_now_selected(self, request, queryset) -> None:
+        for schedule in queryset:
+            run_schedule_now(request, schedule)
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue dashboard
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    """The queue dashboard: ``admin/django_leasequeue/dashboard/``, read through ``health.snapshot()``.
+
+    Visible to users who may view jobs (or the dashboard); pause/resume needs ``change_queuestate``.
+    """
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        user = request.user
+        return user.has_perm(f"{APP}.view_dashboard") or user.has_perm(f"{APP}.view_job") \
+            or user.has_perm(f"{APP}.change_job")
+
+    def has_module_permission(self, request) -> bool:
+        return self.has_view_permission(request)
+
+    def has_pause_permission(self, request) -> bool:
+        """Pausing and resuming queues needs ``change_queuestate``."""
+        return request.user.has_perm(f"{APP}.change_queuestate")
+
+    def get_urls(self):
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("pause/", wrap(self.pause_view), name=f"{prefix}_pause"),
+            path("resume/", wrap(self.resume_view), name=f"{prefix}_resume"),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        from . import health
+
+        snap = health.snapshot()
+        job_list = reverse(f"admin:{APP}_job_changelist")
+        dead_list = reverse(f"admin:{APP}_deadletter_changelist")
+        rows = []
+        for q in snap.queues:
+            rows.append({
+                "stats": q,
+                "oldest": duration(q.oldest_ready_age_seconds) if q.ready_due else "—",
+                "ready_url": f"{job_list}?status=ready&queue={q.queue}",
+                "leased_url": f"{job_list}?status=leased&queue={q.queue}",
+                "dead_url": f"{dead_list}?queue={q.queue}",
+            })
+        workers = [{"info": w, "age": duration((snap.now - w.last_heartbeat_at).total_seconds())}
+                   for w in snap.workers]
+        total = {
+            "ready_due": sum(q.ready_due for q in snap.queues), "scheduled": sum(q.scheduled for q in snap.queues),
+            "leased": sum(q.leased for q in snap.queues), "dead": sum(q.dead for q in snap.queues),
+            "done_recent_short": sum(q.done_recent_short for q in snap.queues),
+            "dead_recent_short": sum(q.dead_recent_short for q in snap.queues),
+            "done_recent_long": sum(q.done_recent_long for q in snap.queues),
+            "dead_recent_long": sum(q.dead_recent_long for q in snap.queues),
+            "oldest": duration(max((q.oldest_ready_age_seconds for q in snap.queues if q.ready_due), default=None)),
+        }
+        refresh = request.GET.get("refresh", "")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queue dashboard",
+            "opts": self.opts,
+            "snap": snap,
+            "rows": rows,
+            "total": total,
+            "workers": workers,
+            "tick_age": duration(snap.scheduler_last_tick_age_seconds),
+            "has_scheduler_tick": snap.scheduler_last_tick_age_seconds is not None,
+            "can_pause": self.has_pause_permission(request),
+            "refresh": int(refresh) if refresh.isdigit() and 2 <= int(refresh) <= 3600 else None,
+            "job_list_url": job_list, "dead_list_url": dead_list,
+            "schedule_list_url": reverse(f"admin:{APP}_schedule_changelist"),
+        }
+        context.update(extra_context or {})
+        return TemplateResponse(request, "admin/django_leasequeue/dashboard.html", context)
+
+    def _toggle(self, request, pause: bool) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        name = request.POST.get("queue", "").strip()
+        if not name or len(name) > 100:
+            messages.error(request, "No queue given.")
+        elif pause:
+            changed = store.queue_pause(name, by=_by(request))
+            messages.success(request, f"Queue {name!r} is paused: workers claim nothing from it until it is "
+                                      "resumed; running jobs finish." if changed
+                             else f"Queue {name!r} was already paused.")
+        else:
+            changed = store.queue_resume(name)
+            messages.success(request, f"Queue {name!r} runs again." if changed else f"Queue {name!r} was not paused.")
+        return HttpResponseRedirect(reverse(f"admin:{APP}_dashboard_changelist"))
+
+    def pause_view(self, request) -> HttpResponse:
+        """POST ``queue=<name>``: pause the queue (``store.queue_pause``)."""
+        return self._toggle(request, True)
+
+    def resume_view(self, request) -> HttpResponse:
+        """POST ``queue=<name>``: resume the queue (``store.queue_resume``)."""
+        return self._toggle(request, False)

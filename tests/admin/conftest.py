@@ -1,0 +1,40 @@
+"""Fixtures of the admin tests: users with and without the operator permissions."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+
+def make_user(username: str, *codenames: str) -> User:
+    """A staff user with the given ``django_leasequeue`` permission codenames."""
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    perms = Permission.objects.filter(content_type__app_label="django_leasequeue", codename__in=codenames)
+    assert perms.count() == len(codenames), f"unknown permission among {codenames}"
+    user.user_permissions.set(perms)
+    return user
+
+
+def client_for(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def operator_client(db) -> Client:
+    """Sees jobs and dead letters and may cancel / retry now, but has no ``replay_job``."""
+    return client_for(make_user("operator", "view_job", "change_job", "view_deadletter"))
+
+
+@pytest.fixture
+def viewer_client(db) -> Client:
+    """May only look at jobs."""
+    return client_for(make_user("viewer", "view_job"))
+
+
+@pytest.fixture
+def replayer_client(db) -> Client:
+    """May look at jobs and replay them, nothing else."""
+    return client_for(make_user("replayer", "view_job", "view_deadletter", "replay_job"))

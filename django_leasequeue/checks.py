@@ -38,3 +38,16 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             f"django-leasequeue needs PostgreSQL; database {alias!r} is {vendor!r}", id="leasequeue.E002"
         )]
     return []
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report an invalid ``LEASEQUEUE_SCHEDULES`` setting as ``leasequeue.E003`` (at deploy time,
+    before a scheduler refuses to start)."""
+    from .scheduler import load_settings_schedules
+
+    try:
+        load_settings_schedules()
+    except ConfigurationError as exc:
+        return [checks.Error(str(exc), id="leasequeue.E003")]
+    return []

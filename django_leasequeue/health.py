@@ -377,8 +377,8 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
         always = list(settings.queues) if settings.queues is not None else [settings.default_queue]
     params = {"now": now, "queues": queue_filter, "always": always, "short": float(window_short),
               "long": float(window_long), "widest": float(max(window_short, window_long))}
-    started = time.perf_counter()
     with _read_cursor(alias or _alias()) as cur:
+        started = time.perf_counter()
         cur.execute(QUEUE_STATS, params)
         rows = cur.fetchall()
         cur.execute(PROCESSES)
@@ -489,7 +489,7 @@ class Threshold:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:g}" if value == int(value) or abs(value) >= 100 else f"{value:.1f}"
+    return f"{value:g}" if value == int(value) else f"{value:.1f}"
 
 
 def parse_threshold(text: str, *, direction: str = "max", duration: bool = False) -> Threshold:

@@ -33,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from . import health
 
 _STATUSES = ("ready_due", "scheduled", "leased", "dead")
+_KINDS = ("worker", "scheduler", "reaper")
 
 
 def _window(seconds: float) -> str:
@@ -87,7 +88,9 @@ class HealthCollector:
                                 value=snap.workers_alive)
         processes = GaugeMetricFamily("leasequeue_processes_alive", "Alive registered processes by kind",
                                       labels=["kind"])
-        for kind, count in sorted(snap.alive_by_kind.items()):
+        # The standard kinds are always present, so "== 0" alerts fire when the last one is gone.
+        alive = {kind: 0 for kind in _KINDS} | snap.alive_by_kind
+        for kind, count in sorted(alive.items()):
             processes.add_metric([kind], count)
         yield processes
         if snap.scheduler_last_tick_age_seconds is not None:

@@ -78,6 +78,7 @@ def test_metrics_parse_and_carry_every_figure(now):
     assert got[("leasequeue_workers_alive", ())] == 1
     assert got[("leasequeue_processes_alive", (("kind", "scheduler"),))] == 1
     assert got[("leasequeue_processes_alive", (("kind", "worker"),))] == 1
+    assert got[("leasequeue_processes_alive", (("kind", "reaper"),))] == 0
     assert 42 <= got[("leasequeue_scheduler_last_tick_age_seconds", ())] < 100
     assert got[("leasequeue_health_query_seconds", ())] > 0
     # The default queue is always listed, so a fresh install shows zeros rather than nothing.

@@ -15,6 +15,7 @@ time, so take them as they are rather than through ``rate()``):
 ``leasequeue_dead_letters_recent{queue,window}``        jobs dead-lettered in the last ``window`` s
 ``leasequeue_jobs_done_recent{queue,window}``           jobs done in the last ``window`` s
 ``leasequeue_queue_paused{queue}``                      1 when the queue is paused
+``leasequeue_workers_serving{queue}``                   alive workers that serve the queue
 ``leasequeue_workers_alive``                            worker processes with a fresh heartbeat
 ``leasequeue_processes_alive{kind}``                    alive registered processes per kind
 ``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick;
@@ -71,6 +72,8 @@ class HealthCollector:
         done_recent = GaugeMetricFamily("leasequeue_jobs_done_recent",
                                         "Jobs completed in the last `window` seconds", labels=["queue", "window"])
         paused = GaugeMetricFamily("leasequeue_queue_paused", "1 when the queue is paused", labels=["queue"])
+        serving = GaugeMetricFamily("leasequeue_workers_serving", "Alive worker processes that serve the queue",
+                                    labels=["queue"])
         short, long = _window(snap.window_short), _window(snap.window_long)
         for q in snap.queues:
             age.add_metric([q.queue], q.oldest_ready_age_seconds)
@@ -82,7 +85,8 @@ class HealthCollector:
             done_recent.add_metric([q.queue, short], q.done_recent_short)
             done_recent.add_metric([q.queue, long], q.done_recent_long)
             paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
-        yield from (age, jobs, expired, dead_recent, done_recent, paused)
+            serving.add_metric([q.queue], q.workers_serving)
+        yield from (age, jobs, expired, dead_recent, done_recent, paused, serving)
         yield GaugeMetricFamily("leasequeue_workers_alive",
                                 f"Worker processes whose heartbeat is at most {snap.alive_within:g} s old",
                                 value=snap.workers_alive)

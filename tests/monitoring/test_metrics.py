@@ -76,6 +76,7 @@ def test_metrics_parse_and_carry_every_figure(now):
     assert got[("leasequeue_queue_paused", (b,))] == 1.0
     assert got[("leasequeue_queue_paused", (e,))] == 0.0
     assert got[("leasequeue_workers_alive", ())] == 1
+    assert (got[("leasequeue_workers_serving", (e,))], got[("leasequeue_workers_serving", (b,))]) == (1, 0)
     assert got[("leasequeue_processes_alive", (("kind", "scheduler"),))] == 1
     assert got[("leasequeue_processes_alive", (("kind", "worker"),))] == 1
     assert got[("leasequeue_processes_alive", (("kind", "reaper"),))] == 0

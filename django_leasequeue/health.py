@@ -337,7 +337,9 @@ def _read_cursor(alias: str) -> Iterator[Any]:
             yield cur
             cur.execute("SELECT set_config('jit', %s, true)", [previous])
         else:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET LOCAL jit = off")
+            # Two statements, not one string: with server-side binding psycopg cannot run both.
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur.execute("SET LOCAL jit = off")
             yield cur
 
 
@@ -604,16 +606,17 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
     for scope in scopes:
         name = scope or "*"
         if scope is None:
-            queues = [q for q in snap.queues if not (checks.ignore_paused and q.paused)]
-            stats = snap.total(q.queue for q in queues)
+            stats = snap.total()
+            # --ignore-paused concerns the age only: paused queues are left out of the worst age.
+            aged = snap.total(q.queue for q in snap.queues if not (checks.ignore_paused and q.paused))
             workers = snap.workers_alive
             where = "any queue"
         else:
-            stats = snap.queue(scope)
+            stats = aged = snap.queue(scope)
             workers = snap.workers_serving(scope)
             where = f"queue {scope!r}"
         if checks.max_oldest_age is not None:
-            value = stats.oldest_ready_age_seconds
+            value = aged.oldest_ready_age_seconds
             if scope is not None and checks.ignore_paused and stats.paused:
                 results.append(CheckResult("oldest_ready_age", name, value, checks.max_oldest_age, Level.OK,
                                            f"{where} is paused (ignored)", "s"))
@@ -621,7 +624,7 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
                 level = checks.max_oldest_age.level(value)
                 results.append(CheckResult(
                     "oldest_ready_age", name, value, checks.max_oldest_age, level,
-                    f"oldest due job in {where} waits {_fmt(value)} s ({stats.ready_due} due)", "s"))
+                    f"oldest due job in {where} waits {_fmt(value)} s ({aged.ready_due} due)", "s"))
         if checks.max_dead is not None:
             value = float(stats.dead_recent_short)
             results.append(CheckResult(

@@ -112,6 +112,9 @@ def test_per_queue_age_checks_and_paused_queues(now):
     assert queuehealth("--max-oldest-age", "60").code == 2
     assert queuehealth("--max-oldest-age", "60", "--ignore-paused").code == 0
     assert queuehealth("--queue", "emails", "--max-oldest-age", "60", "--ignore-paused").code == 0
+    # Dead letters of a paused queue still count: --ignore-paused is about the age only.
+    make_job(queue="emails", status="dead", finished_at=ago(now, 10))
+    assert queuehealth("--max-dead", "0", "--ignore-paused").code == 2
 
 
 @pytest.mark.django_db

@@ -53,9 +53,10 @@ LATERAL (SELECT now() - random() * interval '7 days' + (g * 0) * interval '1 sec
 
 
 def scans(plan: dict, table: str) -> list[str]:
-    """Scan nodes of a JSON plan that read ``table``, as "Node Type (Index Name)"."""
+    """Scan nodes of a JSON plan that read ``table`` or one of its indexes (named ``<table>_...``),
+    as "Node Type (Index Name)"."""
     found = []
-    if plan.get("Relation Name") == table:
+    if plan.get("Relation Name") == table or plan.get("Index Name", "").startswith(table + "_"):
         found.append(plan["Node Type"] + (f" ({plan['Index Name']})" if "Index Name" in plan else ""))
     for child in plan.get("Plans", []):
         found.extend(scans(child, table))

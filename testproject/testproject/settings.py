@@ -80,6 +80,8 @@ LEASEQUEUE = {
     "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
     "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX": 60,
+    # Bearer token for /leasequeue/metrics (None: staff sessions only).
+    "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
     "QUEUES": json.loads(os.environ["LEASEQUEUE_QUEUES"]) if os.environ.get("LEASEQUEUE_QUEUES") else None,
 }

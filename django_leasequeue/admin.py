@@ -41,7 +41,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django import forms
-from django.conf import settings as django_settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -386,15 +385,16 @@ class JobAdmin(admin.ModelAdmin):
     actions = ["replay_selected", "cancel_selected", "retry_now_selected"]
     change_form_template = "admin/django_leasequeue/job/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "task", "status_badge", "queue", "priority", "unique_key", "unique_scope",
-                           "concurrency_key", "schedule", "occurrence_at")}),
-        ("Attempts and lease", {"fields": ("attempts", "max_attempts", "lease_version", "leased_until",
-                                           "leased_by", "lease_seconds", "cancel_requested", "snoozes")}),
-        ("Times (database clock)", {"fields": ("run_at", "created_at", "started_at", "attempted_at",
-                                               "finished_at")}),
+        (None, {"fields": (("id", "status_badge"), ("task", "queue", "priority"), ("unique_key", "unique_scope"),
+                           ("schedule", "occurrence_at", "concurrency_key"))}),
         ("Arguments", {"fields": ("args_pretty", "kwargs_pretty")}),
         ("Errors", {"fields": ("errors_display",)}),
         ("History", {"fields": ("history_display",)}),
+        ("Attempts and lease", {"fields": (("attempts", "max_attempts", "lease_version"),
+                                           ("leased_until", "leased_by", "lease_seconds"),
+                                           ("cancel_requested", "snoozes"))}),
+        ("Times (database clock)", {"fields": (("run_at", "created_at"),
+                                               ("started_at", "attempted_at", "finished_at"))}),
         ("Result", {"classes": ("collapse",), "fields": ("result_pretty",)}),
     )
 
@@ -427,7 +427,10 @@ class JobAdmin(admin.ModelAdmin):
         return request.user.has_perm(f"{APP}.change_job")
 
     def get_readonly_fields(self, request, obj=None):
-        names = [f for fs in self.fieldsets for f in fs[1]["fields"]]
+        names: list[str] = []
+        for _, options in self.fieldsets:
+            for entry in options["fields"]:
+                names.extend(entry if isinstance(entry, tuple) else (entry,))
         return names
 
     def get_changelist(self, request, **kwargs):
@@ -470,7 +473,8 @@ class JobAdmin(admin.ModelAdmin):
         if kind is None:
             return ""
         message = getattr(obj, "last_error_message", "") or ""
-        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message, kind,
+        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message,
+                           kind.removeprefix("builtins."),
                            message[:80] + ("…" if len(message) > 80 else ""))
 
     # -- change page fields --------------------------------------------------------------------
@@ -496,7 +500,8 @@ class JobAdmin(admin.ModelAdmin):
         for index, error in enumerate(obj.errors):
             at = _parse_time(error.get("at"))
             run = sum(1 for r in replays if r and at and r <= at)
-            entries.append({"n": index + 1, "error": error, "at": at, "run": run})
+            kind = str(error.get("type") or "Error").removeprefix("builtins.")
+            entries.append({"n": index + 1, "error": error, "type": kind, "at": at, "run": run})
         return render_to_string("admin/django_leasequeue/job/_errors.html",
                                 {"entries": list(reversed(entries)), "replayed": bool(replays)})
 
@@ -529,6 +534,7 @@ class JobAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         obj = self.get_object(request, object_id)
         extra = {
+            "title": f"Job #{object_id}",
             "show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
             "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
         }
@@ -621,7 +627,8 @@ class JobAdmin(admin.ModelAdmin):
         return self._back(request, job)
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist")}
+        extra = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
+                 "title": self.opts.verbose_name_plural.capitalize()}
         extra.update(extra_context or {})
         return super().changelist_view(request, extra)
 
@@ -644,9 +651,9 @@ class JobAdmin(admin.ModelAdmin):
 class DeadLetterAdmin(JobAdmin):
     """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
 
-    list_display = ("id", "task", "queue", "attempts_display", "finished_at", "last_error_short", "replay_button")
+    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "last_error_short")
     list_filter = (QueueFilter, TaskFilter)
-    sortable_by = ("id", "task", "queue", "finished_at")
+    sortable_by = ("id", "task", "queue", "died")
     ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
     actions = ["replay_selected"]
     change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
@@ -674,6 +681,11 @@ class DeadLetterAdmin(JobAdmin):
             return self.list_display
         return tuple(c for c in self.list_display if c != "replay_button")
 
+    @admin.display(description="died", ordering="finished_at")
+    def died(self, obj: Job) -> str:
+        return format_html('<span title="{}">{} ago</span>', obj.finished_at, timesince(obj.finished_at)) \
+            if obj.finished_at else "—"
+
     @admin.display(description="")
     def replay_button(self, obj: Job) -> str:
         # The changelist is one <form> with the CSRF token; this button posts it to the replay URL.
@@ -690,6 +702,8 @@ class DeadLetterAdmin(JobAdmin):
                 cl.queryset.order_by().values("task", "last_error_type")
                 .annotate(n=Count("pk")).order_by("-n", "task")[:25]
             )
+            for g in groups:
+                g["error_type"] = (g["last_error_type"] or "").removeprefix("builtins.")
             context["lq_groups"] = groups
             context["lq_group_total"] = sum(g["n"] for g in groups)
         return response
@@ -698,11 +712,6 @@ class DeadLetterAdmin(JobAdmin):
 # ---------------------------------------------------------------------------------------------
 # Schedules
 # ---------------------------------------------------------------------------------------------
-
-
-def schedule_zone(schedule: Schedule) -> str:
-    """The schedule's IANA zone; blank means the project's ``TIME_ZONE`` (UTC if unset)."""
-    return schedule.timezone or getattr(django_settings, "TIME_ZONE", None) or "UTC"
 
 
 _CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
@@ -729,8 +738,9 @@ def describe_cron(expr: str) -> str:
 
 
 class ScheduleForm(forms.ModelForm):
-    """Schedule form: cron and zone checked with :mod:`cron`; the model's ``full_clean()`` runs too
-    (ModelForm), so model-level validation appears on the form as well."""
+    """Schedule form. Validation is the model's own (``Schedule.clean_fields``: cron, zone, task,
+    JSON arguments, queue, priority, catch-up limit), which the ModelForm runs through
+    ``full_clean()``, so each problem is shown on its field."""
 
     class Meta:
         model = Schedule
@@ -742,52 +752,6 @@ class ScheduleForm(forms.ModelForm):
             "timezone": "IANA name such as Europe/Berlin; blank: the project's TIME_ZONE.",
         }
 
-    def clean_cron(self) -> str:
-        expr = (self.cleaned_data.get("cron") or "").strip()
-        try:
-            cron.validate_cron(expr)
-        except cron.InvalidCron as exc:
-            raise ValidationError(str(exc))
-        return expr
-
-    def clean_timezone(self) -> str:
-        name = (self.cleaned_data.get("timezone") or "").strip()
-        if name:
-            try:
-                cron.validate_timezone(name)
-            except cron.InvalidTimezone as exc:
-                raise ValidationError(str(exc))
-        return name
-
-    def clean_task(self) -> str:
-        name = (self.cleaned_data.get("task") or "").strip()
-        registry.autodiscover()
-        try:
-            registry.get_task(name)
-        except LeaseQueueError as exc:
-            raise ValidationError(str(exc))
-        return name
-
-    def clean_args(self) -> list:
-        value = self.cleaned_data.get("args")
-        if not isinstance(value, list):
-            raise ValidationError("args must be a JSON list")
-        try:
-            registry.check_json(value, "args")
-        except LeaseQueueError as exc:
-            raise ValidationError(str(exc))
-        return value
-
-    def clean_kwargs(self) -> dict:
-        value = self.cleaned_data.get("kwargs")
-        if not isinstance(value, dict):
-            raise ValidationError("kwargs must be a JSON object")
-        try:
-            registry.check_json(value, "kwargs")
-        except LeaseQueueError as exc:
-            raise ValidationError(str(exc))
-        return value
-
 
 def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None = None) -> Job | None:
     """Enqueue one job of ``schedule`` now, with its own unique key (never an occurrence's key).
@@ -797,8 +761,8 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
     """
     try:
         spec = registry.get_task(schedule.task)
-        if not isinstance(spec, registry.Task):
-            raise LeaseQueueError(f"task {schedule.task!r} is not a leasequeue @task")
+        if not isinstance(spec, registry.Task):  # e.g. a Django tasks backend task: default options
+            spec = registry.Task(func=spec, name=schedule.task)
         new = registry.build_job(spec, schedule.args, schedule.kwargs, queue=schedule.queue or None,
                                  priority=schedule.priority,
                                  unique_key=f"leasequeue:schedule:{schedule.pk}:run-now:{nonce or uuid.uuid4().hex}")
@@ -851,13 +815,13 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="time zone")
     def zone(self, obj: Schedule) -> str:
-        return obj.timezone or f"({schedule_zone(obj)})"
+        return obj.timezone or f"({obj.zone_name})"
 
     @admin.display(description="next five occurrences")
     def next_five(self, obj: Schedule) -> str:
         if not obj or not obj.pk:
             return "—"
-        zone_name = schedule_zone(obj)
+        zone_name = obj.zone_name
         try:
             zone = ZoneInfo(zone_name)
             start = store.db_now()
@@ -872,15 +836,6 @@ class ScheduleAdmin(admin.ModelAdmin):
             "", "<li>{} <span class='quiet'>({} UTC)</span></li>",
             ((o.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), o.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
              for o in found)))
-
-    def save_model(self, request, obj, form, change):
-        # A new or changed expression or zone starts from now: no back-fill of "missed" runs.
-        if not change or {"cron", "timezone", "enabled"} & set(form.changed_data):
-            try:
-                obj.next_occurrence_at = cron.next_occurrence(obj.cron, schedule_zone(obj), store.db_now())
-            except ValueError:
-                obj.next_occurrence_at = None
-        super().save_model(request, obj, form, change)
 
     def get_urls(self):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -904,25 +859,30 @@ class ScheduleAdmin(admin.ModelAdmin):
         run_schedule_now(request, schedule, nonce)
         return HttpResponseRedirect(reverse(f"admin:{APP}_schedule_change", args=[schedule.pk]))
 
+    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+        # Schedules are few; save() each so the model keeps next_occurrence_at right (a re-enabled
+        # schedule starts from now: runs missed while it was off are not caught up).
+        changed = 0
+        for schedule in queryset.filter(enabled=not enabled):
+            schedule.enabled = enabled
+            try:
+                schedule.save()
+            except ValidationError as exc:
+                messages.error(request, f"Schedule {schedule.name!r} was not {'enabled' if enabled else 'disabled'}: "
+                                        + "; ".join(m for ms in exc.message_dict.values() for m in ms))
+                continue
+            changed += 1
+        verb = "Enabled" if enabled else "Disabled"
+        messages.success(request, f"{verb} {changed} schedule{'s' if changed != 1 else ''}.")
+
     @admin.action(description="Enable selected schedules (from now on: missed runs are not caught up)",
                   permissions=["change"])
     def enable_selected(self, request, queryset) -> None:
-        now = store.db_now()
-        changed = []
-        for schedule in queryset.filter(enabled=False):
-            schedule.enabled = True
-            try:
-                schedule.next_occurrence_at = cron.next_occurrence(schedule.cron, schedule_zone(schedule), now)
-            except ValueError:
-                schedule.next_occurrence_at = None
-            changed.append(schedule)
-        Schedule.objects.bulk_update(changed, ["enabled", "next_occurrence_at"])
-        messages.success(request, f"Enabled {len(changed)} schedule{'s' if len(changed) != 1 else ''}.")
+        self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable_selected(self, request, queryset) -> None:
-        n = queryset.filter(enabled=True).update(enabled=False)
-        messages.success(request, f"Disabled {n} schedule{'s' if n != 1 else ''}.")
+        self._set_enabled(request, queryset, False)
 
     @admin.action(description="Run selected schedules now (one job each)", permissions=["change"])
     def run_now_selected(self, request, queryset) -> None:
@@ -989,17 +949,8 @@ class DashboardAdmin(admin.ModelAdmin):
                 "leased_url": f"{job_list}?status=leased&queue={q.queue}",
                 "dead_url": f"{dead_list}?queue={q.queue}",
             })
-        workers = [{"info": w, "age": duration((snap.now - w.last_heartbeat_at).total_seconds())}
-                   for w in snap.workers]
-        total = {
-            "ready_due": sum(q.ready_due for q in snap.queues), "scheduled": sum(q.scheduled for q in snap.queues),
-            "leased": sum(q.leased for q in snap.queues), "dead": sum(q.dead for q in snap.queues),
-            "done_recent_short": sum(q.done_recent_short for q in snap.queues),
-            "dead_recent_short": sum(q.dead_recent_short for q in snap.queues),
-            "done_recent_long": sum(q.done_recent_long for q in snap.queues),
-            "dead_recent_long": sum(q.dead_recent_long for q in snap.queues),
-            "oldest": duration(max((q.oldest_ready_age_seconds for q in snap.queues if q.ready_due), default=None)),
-        }
+        workers = [{"info": w, "age": duration(w.heartbeat_age_seconds)} for w in snap.workers]
+        total = snap.total()
         refresh = request.GET.get("refresh", "")
         context = {
             **self.admin_site.each_context(request),
@@ -1008,6 +959,7 @@ class DashboardAdmin(admin.ModelAdmin):
             "snap": snap,
             "rows": rows,
             "total": total,
+            "total_oldest": duration(total.oldest_ready_age_seconds) if total.ready_due else "—",
             "workers": workers,
             "tick_age": duration(snap.scheduler_last_tick_age_seconds),
             "has_scheduler_tick": snap.scheduler_last_tick_age_seconds is not None,

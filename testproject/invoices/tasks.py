@@ -53,6 +53,18 @@ def poison(payload: dict) -> None:
     raise ValueError(f"malformed payload: missing 'customer' in {sorted(payload)}")
 
 
+@task(max_attempts=2, backoff=0.1)
+def import_order(payload: dict) -> dict:
+    """Import a partner's order; fails while the payload has no ``customer`` (a bad payload).
+
+    The dead-letter walkthrough: the job dies, an operator reads why in the admin, adds the
+    customer to its arguments, replays it, and it succeeds.
+    """
+    if not payload.get("customer"):
+        raise ValueError(f"order {payload.get('order')!r} has no customer: payload keys {sorted(payload)}")
+    return {"order": payload.get("order"), "customer": payload["customer"]}
+
+
 @task
 def noop() -> None:
     """Does nothing: for measuring the queue's own overhead."""

@@ -233,6 +233,7 @@ class EstimatedCountPaginator(Paginator):
     """
 
     is_estimate = False
+    is_lower_bound = False
 
     @cached_property
     def count(self) -> int:
@@ -246,7 +247,18 @@ class EstimatedCountPaginator(Paginator):
             estimate = int(plan[0]["Plan"]["Plan Rows"])
         except Exception:  # an estimate is a nicety; never fail the page for it
             estimate = 0
-        return max(estimate, exact)
+        if estimate <= exact:
+            # The planner guessed below what was just counted (correlated filters): say "more than".
+            self.is_lower_bound = True
+            return exact - 1
+        return estimate
+
+    @property
+    def display_count(self) -> str:
+        """The count for people: ``"1,234"``, ``"about 1,000,400"`` or ``"more than 10,000"``."""
+        if self.is_lower_bound:
+            return f"more than {self.count:,}"
+        return f"about {self.count:,}" if self.is_estimate else f"{self.count:,}"
 
 
 class JobChangeList(ChangeList):

@@ -53,3 +53,26 @@ lts_venv() {
   local py; py="$(find_python 3.11)" || { echo "need Python 3.11" >&2; exit 1; }
   make_venv "$ROOT/.venv-dj52" "$py" -e "$ROOT[dev,tasks-backport]" "Django>=5.2,<5.3"
 }
+
+# ensure_chromium: install Debian's chromium for the admin's real-browser test when it is missing
+# (the Playwright Python package drives it; `playwright install` is never run, browsers come from
+# the distribution). Set SKIP_BROWSER=1 to skip; the test then skips itself with the reason.
+ensure_chromium() {
+  if [[ "${SKIP_BROWSER:-0}" == 1 ]] || command -v chromium >/dev/null 2>&1 || [[ -x /usr/bin/chromium ]]; then
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "chromium is not installed and apt-get is unavailable: the browser test will be skipped" >&2
+    return 0
+  fi
+  local sudo=""
+  if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; else
+      echo "chromium is not installed and this user cannot apt-get: the browser test will be skipped" >&2
+      return 0
+    fi
+  fi
+  echo "installing chromium (apt-get) for the admin browser test" >&2
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
+    || echo "chromium could not be installed: the browser test will be skipped" >&2
+}

@@ -736,15 +736,17 @@ def describe_cron(expr: str) -> str:
     A 6-field expression has its seconds LAST (croniter's convention, see :mod:`cron`), while
     cron-descriptor expects them first, so the field is moved before describing.
     """
-    from cron_descriptor import get_description
+    from cron_descriptor import ExpressionDescriptor, Options
 
     text = (expr or "").strip()
     text = _CRON_ALIASES.get(text.lower(), text)
     fields = text.split()
     if len(fields) == 6:
         fields = [fields[5], *fields[:5]]
+    options = Options()
+    options.use_24hour_time_format = True  # explicit: the default varies with the environment
     try:
-        return get_description(" ".join(fields))
+        return ExpressionDescriptor(" ".join(fields), options).get_description()
     except Exception as exc:  # cron-descriptor is only a description; validation is cron.py's
         return f"(cannot describe: {exc})"
 

@@ -38,3 +38,121 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             f"django-leasequeue needs PostgreSQL; database {alias!r} is {vendor!r}", id="leasequeue.E002"
         )]
     return []
+
+
+# ---- monitoring ----
+# The two checks below read the database. Like Django's own database checks they carry the
+# ``database`` tag and do nothing unless Django passes the databases to check (``manage.py check
+# --database default``, ``migrate``), so plain commands that may run without a database
+# (``collectstatic`` in an image build) never connect. Both return nothing, instead of crashing,
+# when the database cannot be reached. ``migrate`` runs them before it migrates, so it shows
+# W101 once, just before applying the migrations it names.
+
+METRICS_TOKEN_MIN_LENGTH = 16
+
+
+def _job_alias(databases: Any) -> str | None:
+    from django.db import router
+
+    from .models import Job
+
+    alias = router.db_for_write(Job)
+    if databases is None or alias not in databases:
+        return None
+    return alias
+
+
+def pending_migrations(connection: Any) -> list[str] | None:
+    """Names of django_leasequeue's migrations not applied on ``connection``, or None when the
+    database cannot be read (unreachable, no permission). Never raises a database error."""
+    from django.db import DatabaseError
+    from django.db.migrations.loader import MigrationLoader
+
+    try:
+        loader = MigrationLoader(connection, ignore_no_migrations=True)
+    except DatabaseError:
+        return None
+    app = "django_leasequeue"
+    return sorted(name for (label, name) in loader.disk_migrations
+                  if label == app and (label, name) not in loader.applied_migrations)
+
+
+@checks.register(checks.Tags.database)
+def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn (``leasequeue.W101``) when migrations of django_leasequeue are not applied.
+
+    Workers on an unmigrated schema fail on their first claim, so say so before they start.
+    Nothing is reported when the database is unreachable (the check must not crash ``check``).
+    """
+    from django.db import connections
+
+    alias = _job_alias(databases)
+    if alias is None:
+        return []
+    pending = pending_migrations(connections[alias])
+    if not pending:
+        return []
+    return [checks.Warning(
+        f"{len(pending)} migration(s) of django_leasequeue are not applied on database {alias!r}: "
+        f"{', '.join(pending)}",
+        hint="Run `manage.py migrate django_leasequeue` before starting workers.",
+        id="leasequeue.W101",
+    )]
+
+
+@checks.register(checks.Tags.database)
+def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn (``leasequeue.W102``) for each enabled schedule whose task is not registered.
+
+    Every occurrence of such a schedule would be dead-lettered (only registered tasks run). The
+    schedule table may not exist yet (before ``migrate``) and the database may be down: both
+    report nothing. A warning, not an error: an error would stop ``migrate`` itself.
+    """
+    from django.db import DatabaseError, connections
+
+    from . import registry
+    from .exceptions import UnknownTask
+    from .models import Schedule
+
+    alias = _job_alias(databases)
+    if alias is None:
+        return []
+    connection = connections[alias]
+    try:
+        # Look the table up first, so a missing table never aborts a caller's transaction.
+        if Schedule._meta.db_table not in connection.introspection.table_names():
+            return []
+        rows = list(Schedule.objects.using(alias).filter(enabled=True).values_list("name", "task"))
+    except DatabaseError:
+        return []
+    registry.autodiscover()
+    messages = []
+    for name, task_name in rows:
+        try:
+            registry.get_task(task_name)
+        except UnknownTask:
+            messages.append(checks.Warning(
+                f"schedule {name!r} runs task {task_name!r}, which is not registered: every occurrence "
+                "will be dead-lettered",
+                hint="Register the task with @task (in an installed app's tasks.py or jobs.py, or a module "
+                     "listed in LEASEQUEUE['IMPORTS']), or disable the schedule.",
+                obj=name, id="leasequeue.W102",
+            ))
+    return messages
+
+
+@checks.register()
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn (``leasequeue.W103``) about a metrics bearer token shorter than 16 characters."""
+    from .conf import get_settings
+
+    try:
+        tokens = get_settings().metrics_tokens
+    except ConfigurationError:
+        return []  # reported by check_settings
+    return [checks.Warning(
+        f"a LEASEQUEUE['METRICS_TOKEN'] is only {len(t)} characters long",
+        hint=f"Use a random token of at least {METRICS_TOKEN_MIN_LENGTH} characters, e.g. "
+             "python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+        id="leasequeue.W103",
+    ) for t in tokens if len(t) < METRICS_TOKEN_MIN_LENGTH]

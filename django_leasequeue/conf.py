@@ -41,12 +41,28 @@ DEFAULTS: dict[str, Any] = {
     "IMPORTS": (),
     # A job snoozed more often than this is dead-lettered (a cap on runaway snoozing).
     "MAX_SNOOZES": 100,
+    # ---- monitoring ----
+    # Bearer token(s) that may read the Prometheus metrics view: a str, or a list of str (to rotate
+    # tokens without downtime). None: only a staff session may read it (if METRICS_ALLOW_STAFF).
+    "METRICS_TOKEN": None,
+    # Whether a logged-in staff user may read the metrics view without a token.
+    "METRICS_ALLOW_STAFF": True,
+    # A registered process is alive when its heartbeat is newer than this; None: max(30, 3 x
+    # REAPER_INTERVAL) (workers beat every 5 s, reapers once per sweep).
+    "PROCESS_ALIVE_WITHIN": None,
+    # Process rows silent for longer than this are deleted by the reaper; None: max(300, 2 x
+    # PROCESS_ALIVE_WITHIN).
+    "PROCESS_PRUNE_AFTER": None,
 }
 
 _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
-    "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION",
+    "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
 }
+
+# Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
+# threshold below two of those beats would make healthy workers flap between alive and dead.
+MIN_PROCESS_ALIVE_WITHIN = 10.0
 
 
 def to_seconds(value: float | int | timedelta | None, name: str) -> float | None:
@@ -86,6 +102,11 @@ class Settings:
     prune_batch: int
     imports: tuple[str, ...] = field(default=())
     max_snoozes: int = 100
+    # ---- monitoring ----
+    metrics_tokens: tuple[str, ...] = field(default=(), repr=False)
+    metrics_allow_staff: bool = True
+    process_alive_within: float = 30.0
+    process_prune_after: float = 300.0
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -138,6 +159,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
             queues = {str(q): dict(cfg or {}) for q, cfg in queues.items()}
         else:
             raise ConfigurationError("LEASEQUEUE['QUEUES'] must be None, a list of names or a dict")
+    monitoring = _build_monitoring(merged)
     return Settings(
         lease=lease,
         heartbeat_interval=heartbeat,
@@ -157,7 +179,50 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prune_batch=int(merged["PRUNE_BATCH"]),
         imports=tuple(merged["IMPORTS"]),
         max_snoozes=int(merged["MAX_SNOOZES"]),
+        **monitoring,
     )
+
+
+def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
+    """Validate the monitoring keys of a merged ``LEASEQUEUE`` dict (durations already seconds).
+
+    Raises:
+        ConfigurationError: a token that is not a non-empty str without whitespace, an alive
+            threshold below 10 s, or a prune age not above the alive threshold.
+    """
+    raw_tokens = merged["METRICS_TOKEN"]
+    if raw_tokens is None:
+        tokens: tuple[str, ...] = ()
+    elif isinstance(raw_tokens, str):
+        tokens = (raw_tokens,)
+    elif isinstance(raw_tokens, (list, tuple)):
+        tokens = tuple(raw_tokens)
+    else:
+        raise ConfigurationError("LEASEQUEUE['METRICS_TOKEN'] must be None, a str or a list of str")
+    for token in tokens:
+        if not isinstance(token, str) or not token or token != token.strip() or any(c.isspace() for c in token):
+            raise ConfigurationError(
+                "LEASEQUEUE['METRICS_TOKEN'] entries must be non-empty strings without whitespace"
+            )
+    if not isinstance(merged["METRICS_ALLOW_STAFF"], bool):
+        raise ConfigurationError("LEASEQUEUE['METRICS_ALLOW_STAFF'] must be True or False")
+    alive = merged["PROCESS_ALIVE_WITHIN"]
+    if alive is None:
+        alive = max(30.0, 3 * merged["REAPER_INTERVAL"])
+    elif alive < MIN_PROCESS_ALIVE_WITHIN:
+        raise ConfigurationError(
+            f"LEASEQUEUE['PROCESS_ALIVE_WITHIN'] must be >= {MIN_PROCESS_ALIVE_WITHIN:g} seconds "
+            f"(workers beat every 5 s), got {alive!r}"
+        )
+    prune = merged["PROCESS_PRUNE_AFTER"]
+    if prune is None:
+        prune = max(300.0, 2 * alive)
+    elif prune <= alive:
+        raise ConfigurationError(
+            f"LEASEQUEUE['PROCESS_PRUNE_AFTER'] ({prune:g}) must be above PROCESS_ALIVE_WITHIN ({alive:g})"
+        )
+    return {"metrics_tokens": tokens, "metrics_allow_staff": merged["METRICS_ALLOW_STAFF"],
+            "process_alive_within": alive, "process_prune_after": prune}
 
 
 @lru_cache(maxsize=1)

@@ -27,6 +27,8 @@ class JobContext:
         worker_id (str): ``host:pid:name`` of this worker.
         leased_until (datetime): aware, database time, updated by each renewal.
         lease_seconds (float): lease length.
+        timed_out (bool): True once the worker stopped renewing the lease because the task's
+            ``timeout`` passed (the lease will expire and the job be retried elsewhere).
     """
 
     job_id: int
@@ -42,6 +44,7 @@ class JobContext:
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     completed_in_transaction: bool = False
+    timed_out: bool = False
 
     @property
     def lease_lost(self) -> bool:

@@ -67,6 +67,32 @@ def with_reconnect(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> None:
+    """Record that the worker running ``ctx`` lost its lease: flag, event, and a durable note.
+
+    Marks ``ctx`` lost, emits ``lease_lost`` (with ``write`` and ``timed_out``), and appends a
+    ``lease_lost`` entry to the job's history through :func:`store.job_note_lease_lost` (once per
+    token), which the lease report counts as a fence rejection. Never raises on database errors:
+    the note is diagnostics, the fenced write already protected the job.
+
+    Args:
+        ctx: the attempt's context.
+        write: the refused write (``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``, ``handler``).
+        fields: event fields; default built from ``ctx``.
+    """
+    ctx.mark_lease_lost()
+    if fields is None:
+        fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
+                  "token": ctx.lease_version}
+    signals.emit("lease_lost", write=write, timed_out=ctx.timed_out, **fields)
+    try:
+        store.job_note_lease_lost(ctx.job_id, ctx.lease_version, worker=ctx.worker_id, write=write,
+                                  timed_out=ctx.timed_out, alias=ctx.alias)
+    except DatabaseError:
+        logger.warning("job %s: could not record the lost lease in its history", ctx.job_id, exc_info=True)
+        close_broken_connections()
+
+
 class Executor:
     """Runs claimed jobs for one worker process. Thread-safe; one instance per worker.
 
@@ -90,11 +116,11 @@ class Executor:
         """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs)."""
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
+        signals.emit("claimed", **fields)
         try:
             spec = registry.get_task(job.task)
         except UnknownTask as exc:
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
-        signals.emit("claimed", **fields)
         try:
             result = self._call(spec, job, ctx)
             if isinstance(result, Snooze):
@@ -104,7 +130,7 @@ class Executor:
         except JobCancelled:
             return self._cancelled(job, ctx, fields)
         except LeaseLost:
-            signals.emit("lease_lost", **fields)
+            report_lease_lost(ctx, write="handler", fields=fields)
             return "lease_lost"
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are failed attempts, not dead threads
             if ctx.completed_in_transaction:
@@ -150,8 +176,7 @@ class Executor:
             logger.exception("job %s: could not record the failure; the lease will expire", job.id)
             return "unrecorded"
         if outcome is None:
-            ctx.mark_lease_lost()
-            signals.emit("lease_lost", **fields)
+            report_lease_lost(ctx, write="fail", fields=fields)
             return "lease_lost"
         status, run_at = outcome
         if status == "dead":
@@ -165,8 +190,7 @@ class Executor:
                                                           max_snoozes=self.settings.max_snoozes,
                                                           alias=self.alias))
         if outcome is None:
-            ctx.mark_lease_lost()
-            signals.emit("lease_lost", **fields)
+            report_lease_lost(ctx, write="snooze", fields=fields)
             return "lease_lost"
         signals.emit("snoozed" if outcome == "ready" else "dead_lettered", seconds=seconds, **fields)
         return "snoozed" if outcome == "ready" else outcome
@@ -174,8 +198,7 @@ class Executor:
     def _cancelled(self, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any]) -> str:
         done = with_reconnect(lambda: store.job_cancel_leased(job.id, job.lease_version, alias=self.alias))
         if not done:
-            ctx.mark_lease_lost()
-            signals.emit("lease_lost", **fields)
+            report_lease_lost(ctx, write="cancel", fields=fields)
             return "lease_lost"
         signals.emit("cancelled", **fields)
         return "cancelled"

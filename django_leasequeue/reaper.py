@@ -26,7 +26,8 @@ from .runtime import Service
 logger = logging.getLogger("django_leasequeue.reaper")
 
 REAP_BATCH = 500
-PROCESS_STALE_AFTER = 300.0
+# Seconds between two prunes of stale process rows (the workers' embedded sweep and runreaper).
+PROCESS_PRUNE_EVERY = 60.0
 
 
 def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: int = REAP_BATCH) -> list[store.Reaped]:
@@ -36,13 +37,24 @@ def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: i
         rows = store.job_reap_expired(limit=batch, now=now, alias=alias)
         reaped.extend(rows)
         for row in rows:
+            # The event names the expired attempt's token (the statement bumped it by one), so it
+            # matches the token of that attempt's "claimed" event.
             fields = {"job_id": row.id, "task": row.task, "queue": row.queue, "attempt": row.attempts,
-                      "token": row.lease_version}
+                      "token": row.lease_version - 1}
             signals.emit("lease_expired", status=row.status, **fields)
             if row.status == "dead":
                 signals.emit("dead_lettered", error="LeaseExpired", message="lease expired", **fields)
         if len(rows) < batch:
             return reaped
+
+
+def prune_processes(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
+    """Delete process rows silent for longer than ``PROCESS_PRUNE_AFTER``; return the count.
+
+    Monitoring counts a process alive by its heartbeat age alone (``PROCESS_ALIVE_WITHIN``), so
+    pruning only keeps the registry short: a SIGKILLed worker never deregisters.
+    """
+    return store.process_prune(older_than=settings.process_prune_after, now=now, alias=alias)
 
 
 def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
@@ -81,11 +93,12 @@ class ReaperService(Service):
         self.reaped += len(reap_once(alias=self.alias))
         if self._runs % max(1, int(60 / self.interval)) == 0:
             pruned = prune_once(self.settings, alias=self.alias)
-            stale = store.process_prune(older_than=PROCESS_STALE_AFTER, alias=self.alias)
+            stale = prune_processes(self.settings, alias=self.alias)
             if pruned or stale:
                 logger.info("pruned %d finished job(s) and %d stale process row(s)", pruned, stale)
         self._runs += 1
-        store.process_heartbeat(self.process_id, alias=self.alias)
+        if not store.process_heartbeat(self.process_id, alias=self.alias):
+            self.on_start()  # our row was pruned (we were silent too long): register again
         return self.interval
 
     def on_stop(self) -> None:

@@ -425,7 +425,7 @@ def enqueue_many(task_or_name: Task | str, arg_list: Iterable[Sequence[Any] | tu
     Returns:
         The number of jobs inserted (jobs whose ``unique_key`` was taken are skipped).
     """
-    from . import store
+    from . import signals, store
 
     spec = _resolve_spec(task_or_name)
     jobs = []
@@ -438,8 +438,10 @@ def enqueue_many(task_or_name: Task | str, arg_list: Iterable[Sequence[Any] | tu
     settings = get_settings()
     total = 0
     for start in range(0, len(jobs), 10_000):
-        total += len(store.job_insert(jobs[start:start + 10_000], notify=settings.notify,
-                                      channel=settings.notify_channel))
+        rows = store.job_insert(jobs[start:start + 10_000], notify=settings.notify, channel=settings.notify_channel)
+        total += len(rows)
+        for job in rows:
+            signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
     return total
 
 

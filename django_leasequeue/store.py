@@ -649,3 +649,56 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
     with _cursor(alias) as cur:
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
         return cur.rowcount
+
+
+# ---------------------------------------------------------------------------------------------
+# ---- monitoring ----
+# ---------------------------------------------------------------------------------------------
+
+# Record that a worker found its lease lost while its handler was still running (a "fence
+# rejection": a renew, complete, fail or fenced_atomic write was refused because the token moved
+# on). The outcome write itself wrote nothing, so this note is the only durable trace; the lease
+# report counts these notes per task. It appends to ``history`` only, never touches status, token
+# or lease, and is idempotent per token. The row may now be leased by another worker: SKIP LOCKED
+# makes the note best-effort instead of letting a stale worker's heartbeat thread wait behind the
+# new holder's fenced_atomic() transaction.
+JOB_NOTE_LEASE_LOST = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = %(id)s
+      AND NOT j.history @> jsonb_build_array(jsonb_build_object('event', 'lease_lost', 'token', %(token)s::bigint))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET history = j.history || jsonb_build_array(jsonb_build_object(
+    'event', 'lease_lost', 'token', %(token)s::bigint, 'worker', %(worker)s::text, 'write', %(write)s::text,
+    'timed_out', %(timed_out)s::boolean, 'at', clock.now))
+FROM target, clock
+WHERE j.id = target.id
+RETURNING j.id
+"""
+
+
+def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, timed_out: bool,
+                        now: datetime | None = None, alias: str | None = None) -> bool:
+    """Append a ``lease_lost`` event to a job's history (once per fencing token; never blocks).
+
+    Args:
+        job_id: the job.
+        token: the stale ``lease_version`` the worker held.
+        worker: the worker id (``host:pid:name``).
+        write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
+            or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
+        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
+            passed), so the loss is the designed outcome for a hung handler, not an accident.
+
+    Returns:
+        True when the note was written; False when it already existed, the row is locked by
+        another transaction right now, or the job is gone.
+    """
+    params = {"now": now, "id": job_id, "token": token, "worker": worker, "write": write,
+              "timed_out": bool(timed_out)}
+    with _cursor(alias) as cur:
+        cur.execute(JOB_NOTE_LEASE_LOST, params)
+        return cur.fetchone() is not None

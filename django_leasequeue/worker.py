@@ -38,7 +38,7 @@ from django.db import DatabaseError
 from . import reaper, registry, signals, store
 from .conf import Settings, get_settings
 from .context import JobContext
-from .executor import Executor, with_reconnect
+from .executor import Executor, report_lease_lost, with_reconnect
 from .notify import Listener
 from .runtime import Service, close_broken_connections
 
@@ -113,8 +113,7 @@ class Completer(Service):
                 if ctx.job_id in done:
                     signals.emit("succeeded", **fields)
                 else:
-                    ctx.mark_lease_lost()
-                    signals.emit("lease_lost", **fields)
+                    report_lease_lost(ctx, write="complete", fields=fields)
 
     def on_stop(self) -> None:
         try:
@@ -144,6 +143,7 @@ class HeartbeatService(Service):
                 # Heartbeat bounded by progress: past the task's timeout we stop renewing, so the
                 # lease expires and the job is retried elsewhere. The slot is given back now.
                 item.timed_out = True
+                item.ctx.timed_out = True
                 logger.warning("job %s exceeded its timeout; heartbeats stopped", item.job.id)
                 self.worker.abandon(item)
                 continue
@@ -158,9 +158,7 @@ class HeartbeatService(Service):
                 renewal = renewals.get(item.job.id)
                 if renewal is None:
                     if not item.ctx.lease_lost:
-                        item.ctx.mark_lease_lost()
-                        signals.emit("lease_lost", job_id=item.job.id, task=item.job.task, queue=item.job.queue,
-                                     attempt=item.job.attempts, token=item.job.lease_version)
+                        report_lease_lost(item.ctx, write="renew")
                     continue
                 item.ctx.leased_until = renewal.leased_until
                 if renewal.cancel_requested:
@@ -208,6 +206,7 @@ class WorkerService(Service):
         self.alias = store.db_alias()
         self.reap = reap
         self._next_reap = 0.0
+        self._next_process_prune = 0.0
         self._lock = threading.Lock()
         self._inflight: dict[int, InFlight] = {}
         self._tasks: queue_module.SimpleQueue[store.ClaimedJob | None] = queue_module.SimpleQueue()
@@ -299,6 +298,9 @@ class WorkerService(Service):
         if self.reap and now >= self._next_reap:
             self._next_reap = now + self.settings.reaper_interval
             reaper.reap_once(alias=self.alias)
+            if now >= self._next_process_prune:
+                self._next_process_prune = now + reaper.PROCESS_PRUNE_EVERY
+                reaper.prune_processes(self.settings, alias=self.alias)
         free = self.free_slots()
         if free <= 0:
             with self._lock:

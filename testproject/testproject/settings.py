@@ -78,6 +78,8 @@ LEASEQUEUE = {
     "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
     "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX": 60,
+    # Bearer token for /leasequeue/metrics (None: staff sessions only).
+    "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
 }
 
 LOGGING = {

@@ -1,0 +1,120 @@
+"""Prometheus metrics, read from :func:`health.snapshot` at every scrape.
+
+A custom collector (prometheus-client's ``Collector`` protocol) runs one snapshot per scrape
+instead of keeping counters in the process: the figures are the database's, so every web process
+answers the same, nothing is lost on a restart, and an idle worker fleet cannot hide behind
+counters that simply stopped moving (the omission failure this monitoring exists to catch).
+
+Exposed families (all gauges; the windowed ones are counts over a sliding window of database
+time, so take them as they are rather than through ``rate()``):
+
+======================================================  ==========================================
+``leasequeue_oldest_ready_age_seconds{queue}``          age of the oldest due job (0: none due)
+``leasequeue_jobs{queue,status}``                       status: ready_due, scheduled, leased, dead
+``leasequeue_leases_expired{queue}``                    leased jobs past their lease, not yet reaped
+``leasequeue_dead_letters_recent{queue,window}``        jobs dead-lettered in the last ``window`` s
+``leasequeue_jobs_done_recent{queue,window}``           jobs done in the last ``window`` s
+``leasequeue_queue_paused{queue}``                      1 when the queue is paused
+``leasequeue_workers_serving{queue}``                   alive workers that serve the queue
+``leasequeue_workers_alive``                            worker processes with a fresh heartbeat
+``leasequeue_processes_alive{kind}``                    alive registered processes per kind
+``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick;
+                                                        absent when no tick is recorded
+``leasequeue_health_query_seconds``                     time the snapshot's statements took
+======================================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from . import health
+
+_STATUSES = ("ready_due", "scheduled", "leased", "dead")
+_KINDS = ("worker", "scheduler", "reaper")
+
+
+def _window(seconds: float) -> str:
+    return f"{seconds:g}"
+
+
+class HealthCollector:
+    """Collector that yields the queue health figures of one fresh :func:`health.snapshot`.
+
+    Args:
+        snapshot: the function called once per collection (default :func:`health.snapshot`).
+    """
+
+    def __init__(self, snapshot: Callable[[], health.Snapshot] | None = None) -> None:
+        self._snapshot = snapshot or health.snapshot
+
+    def describe(self) -> list[Metric]:
+        """Nothing: registering the collector must not query the database."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Take one snapshot and yield every family (raises the snapshot's database errors)."""
+        snap = self._snapshot()
+        age = GaugeMetricFamily("leasequeue_oldest_ready_age_seconds",
+                                "Seconds since run_at of the oldest due ready job (0 when none is due), "
+                                "by database time", labels=["queue"])
+        jobs = GaugeMetricFamily("leasequeue_jobs", "Jobs by queue and status (ready_due: due now; scheduled: "
+                                 "ready with a future run_at; leased: running; dead: dead letters kept)",
+                                 labels=["queue", "status"])
+        expired = GaugeMetricFamily("leasequeue_leases_expired",
+                                    "Leased jobs whose lease has passed but that no reaper has taken back yet",
+                                    labels=["queue"])
+        dead_recent = GaugeMetricFamily("leasequeue_dead_letters_recent",
+                                        "Jobs dead-lettered in the last `window` seconds", labels=["queue", "window"])
+        done_recent = GaugeMetricFamily("leasequeue_jobs_done_recent",
+                                        "Jobs completed in the last `window` seconds", labels=["queue", "window"])
+        paused = GaugeMetricFamily("leasequeue_queue_paused", "1 when the queue is paused", labels=["queue"])
+        serving = GaugeMetricFamily("leasequeue_workers_serving", "Alive worker processes that serve the queue",
+                                    labels=["queue"])
+        short, long = _window(snap.window_short), _window(snap.window_long)
+        for q in snap.queues:
+            age.add_metric([q.queue], q.oldest_ready_age_seconds)
+            for status in _STATUSES:
+                jobs.add_metric([q.queue, status], getattr(q, status))
+            expired.add_metric([q.queue], q.leased_expired)
+            dead_recent.add_metric([q.queue, short], q.dead_recent_short)
+            dead_recent.add_metric([q.queue, long], q.dead_recent_long)
+            done_recent.add_metric([q.queue, short], q.done_recent_short)
+            done_recent.add_metric([q.queue, long], q.done_recent_long)
+            paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
+            serving.add_metric([q.queue], q.workers_serving)
+        yield from (age, jobs, expired, dead_recent, done_recent, paused, serving)
+        yield GaugeMetricFamily("leasequeue_workers_alive",
+                                f"Worker processes whose heartbeat is at most {snap.alive_within:g} s old",
+                                value=snap.workers_alive)
+        processes = GaugeMetricFamily("leasequeue_processes_alive", "Alive registered processes by kind",
+                                      labels=["kind"])
+        # The standard kinds are always present, so "== 0" alerts fire when the last one is gone.
+        alive = {kind: 0 for kind in _KINDS} | snap.alive_by_kind
+        for kind, count in sorted(alive.items()):
+            processes.add_metric([kind], count)
+        yield processes
+        if snap.scheduler_last_tick_age_seconds is not None:
+            yield GaugeMetricFamily("leasequeue_scheduler_last_tick_age_seconds",
+                                    "Seconds since the last scheduler tick (absent: no tick recorded)",
+                                    value=snap.scheduler_last_tick_age_seconds)
+        yield GaugeMetricFamily("leasequeue_health_query_seconds", "Seconds the health snapshot's statements took",
+                                value=snap.query_seconds)
+
+
+def build_registry(collector: HealthCollector | None = None) -> CollectorRegistry:
+    """A private registry holding only the health collector (not the process-global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector or HealthCollector())
+    return registry
+
+
+REGISTRY = build_registry()
+
+
+def render() -> bytes:
+    """The current figures in the Prometheus text format (one snapshot)."""
+    return generate_latest(REGISTRY)

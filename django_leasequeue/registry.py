@@ -76,14 +76,16 @@ class Task:
         return self.func(*args, **kwargs)
 
     def using(self, **options: Any) -> Task:
-        """Return a copy with other options (``run_at``, ``queue``, ``priority``, ``unique_key``,
-        ``unique_scope``, ``max_attempts``, ``lease``, ``timeout``, ``backoff``).
+        """Return a copy with other options for the jobs it enqueues (``run_at``, ``queue``,
+        ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds).
+
+        ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
+        worker reads them from the registered task, so a per-enqueue value would be silently ignored.
 
         Raises:
             TypeError: an unknown option.
         """
-        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
-                   "timeout", "backoff"}
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -328,8 +330,9 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     priority = spec.priority if priority is None else priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
-    attempts = max_attempts or spec.max_attempts or settings.max_attempts
-    if not isinstance(attempts, int) or attempts < 1:
+    # "is None", not "or": an explicit max_attempts=0 is an error, not a request for the default.
+    attempts = max_attempts if max_attempts is not None else (spec.max_attempts or settings.max_attempts)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise EnqueueError(f"max_attempts must be an int >= 1, got {attempts!r}")
     run_at = spec.run_at if run_at is None else run_at
     delay = 0.0

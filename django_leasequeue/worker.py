@@ -320,12 +320,15 @@ class WorkerService(Service):
         return self.poll_interval
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
+        # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
+        # never by the task's declared lease: using(lease=...) stores another value in the row, and
+        # renewing every declared/3 seconds would let a shorter granted lease expire in between.
+        lease = job.lease_seconds
         try:
             spec = registry.get_task(job.task)
-            lease = spec.lease or job.lease_seconds
             timeout, manual = spec.timeout, spec.manual_heartbeat
         except Exception:
-            lease, timeout, manual = job.lease_seconds, None, False
+            timeout, manual = None, False
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
                          leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)

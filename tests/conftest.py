@@ -11,27 +11,39 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
+from tests.support import wait_for  # noqa: F401  (re-exported for older tests)
+
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> object:
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
+@pytest.fixture(scope="session", autouse=True)
+def _flush_with_delete():
+    """Make the flush after each ``transactional_db`` test DELETE rows instead of TRUNCATE tables.
+
+    TRUNCATE creates new files for every table and index and fsyncs them: about a second per test
+    on a busy machine, for tables that hold a few rows. Django's foreign keys are DEFERRABLE
+    INITIALLY DEFERRED and flush runs in one transaction, so deleting in any order is safe.
+    Sequences are not reset (no test relies on ids); a flush that asks for it still truncates.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not tables:
+            return original(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = original
 
 
 class WorkerProcess:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import datetime
+
+import pytest
 
 from django_leasequeue import store
 from django_leasequeue.conf import get_settings
@@ -50,3 +54,45 @@ def statuses() -> dict[str, int]:
     for status in Job.objects.values_list("status", flat=True):
         counts[status] = counts.get(status, 0) + 1
     return counts
+
+
+def in_threads(count: int, target, *, timeout: float = 60.0) -> list:
+    """Run ``target(i)`` in ``count`` threads, each with its own database connection (closed at
+    the end); return the results in thread order and re-raise the first error."""
+    import threading
+
+    from django.db import connections
+
+    results: list = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = target(i)
+        except BaseException as exc:  # noqa: BLE001 - surface it in the test thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"test-{i}") for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if any(t.is_alive() for t in threads):
+        raise AssertionError(f"threads still running after {timeout}s")
+    if errors:
+        raise errors[0]
+    return results
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> object:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)

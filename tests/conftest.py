@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -47,43 +48,57 @@ def _flush_with_delete():
 
 
 class WorkerProcess:
-    """A ``manage.py <command>`` subprocess against the test database."""
+    """A ``manage.py <command>`` subprocess against the test database.
+
+    Its stdout and stderr go to a file (a pipe would fill up and block a chatty worker); read them
+    at any time with :meth:`output`.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="leasequeue-worker-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, str(MANAGE), *args], env=env, cwd=str(ROOT),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
     def kill(self) -> None:
+        self.signal(signal.SIGCONT)
         self.signal(signal.SIGKILL)
         self.proc.wait(10)
 
     def wait(self, timeout: float = 30) -> int:
-        return self.proc.wait(timeout)
+        """Wait for the process to exit; return its exit code (fail the test on timeout)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{' '.join(self.args)} (pid {self.pid}) still running after {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "<still running>"
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """Everything the process wrote so far."""
+        with open(self.log.name) as fh:
+            return fh.read()
 
 
 @pytest.fixture
-def spawn(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
+def spawn(transactional_db, request) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``manage.py`` commands (runworker, runreaper, ...) as subprocesses on the test database.
 
     Usage: ``w = spawn("runworker", "--concurrency", "2", env={"LEASEQUEUE_LEASE": "2"})``.
     Every process still running at the end of the test is SIGKILLed (after SIGCONT, in case it
-    was stopped).
+    was stopped); each one's output is attached to the test report (shown when the test fails).
     """
     started: list[WorkerProcess] = []
 
@@ -96,10 +111,10 @@ def spawn(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
 
     yield start
     for proc in started:
-        if proc.proc.poll() is None:
-            proc.signal(signal.SIGCONT)
-            proc.signal(signal.SIGKILL)
-            proc.proc.wait(10)
+        if proc.running:
+            proc.kill()
+        request.node.add_report_section("teardown", f"{' '.join(proc.args)} (pid {proc.pid})", proc.output())
+        proc.log.close()
 
 
 @pytest.fixture

@@ -96,3 +96,10 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def job_in(job_id: int, *statuses: str):
+    """The job if its status is one of ``statuses``, else None (for :func:`wait_for`)."""
+    from django_leasequeue.models import Job
+
+    return Job.objects.filter(pk=job_id, status__in=statuses).first()

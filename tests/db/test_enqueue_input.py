@@ -43,7 +43,7 @@ class Thing:
         ([{1, 2}], {}, "argument 0", "set"),
     ],
 )
-def test_non_json_argument_names_it_and_writes_nothing(args, kwargs, named, why):
+def test_c23_non_json_argument_names_it_and_writes_nothing(args, kwargs, named, why):
     with pytest.raises(PayloadNotSerializable) as err:
         enqueue(record, args, kwargs)
     assert named in str(err.value) and why in str(err.value)

@@ -114,7 +114,7 @@ def test_worker_heartbeat_uses_the_job_rows_lease():
 class TestUniqueKeyScopes:
     """Case C12: both scopes exist; a dead or orphaned keyed job never blocks forever."""
 
-    def test_retained_scope_returns_the_dead_job(self):
+    def test_c12_retained_scope_returns_the_dead_job(self):
         first = enqueue("qa.fail_once", unique_key="k")
         (c,) = claim(later())
         assert run_claimed(c) == "dead"
@@ -122,7 +122,7 @@ class TestUniqueKeyScopes:
         assert again.id == first.id and again.status == "dead"
         assert Job.objects.count() == 1
 
-    def test_active_scope_releases_the_key_on_dead_and_done(self):
+    def test_c12_active_scope_releases_the_key_on_dead_and_done(self):
         first = enqueue("qa.fail_once", unique_key="k", unique_scope="active")
         assert enqueue("qa.fail_once", unique_key="k", unique_scope="active").id == first.id  # ready: same
         (c,) = claim(later())
@@ -142,7 +142,7 @@ class TestUniqueKeyScopes:
         assert retained.id != active.id
 
     @pytest.mark.parametrize("scope", ["retained", "active"])
-    def test_orphaned_job_dedupes_then_runs_after_reaping(self, scope):
+    def test_c12_orphaned_job_dedupes_then_runs_after_reaping(self, scope):
         orphan = enqueue("qa.record", unique_key="k2", unique_scope=scope)
         now = later()
         claim(now, lease=3)  # its worker is SIGKILLed: nobody renews or completes

@@ -23,7 +23,7 @@ def name_of(job: Job) -> str:
     return job.leased_by.rsplit(":", 1)[1]
 
 
-def test_sigkilled_worker_job_completed_by_another_after_lease_expiry(spawn):
+def test_c01_sigkilled_worker_job_completed_by_another_after_lease_expiry(spawn):
     """Case C01: no operator action; recovery depends only on the job's lease. The job carries an
     active-scope unique key: re-enqueueing it while orphaned returns the orphan (case C12)."""
     job = enqueue("qa.record", ["victim"], {"sleep": 3}, unique_key="k2", unique_scope="active")

@@ -303,7 +303,7 @@ class WorkerService(Service):
         if free <= 0:
             with self._lock:
                 self._saturated = True
-            return self.poll_interval
+            return self._idle_wait()
         jobs = store.job_claim(queues=self.queues, limit=free, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias)
         self.claimed += len(jobs)
@@ -317,7 +317,15 @@ class WorkerService(Service):
         if self.burst and idle and self.completer._queue.empty():
             self.stop()
             return 0.0
-        return self.poll_interval
+        return self._idle_wait()
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait before the next claim: the poll interval, cut short by the next reaper
+        sweep. Without the cut a worker polling every 30 s (it relies on NOTIFY) would also reap
+        only every 30 s, and a dead peer's jobs would wait that long beyond their lease."""
+        if not self.reap:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
         # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),

@@ -5,13 +5,13 @@ and the task timeout that stops them."""
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from qa.models import Execution
 
 from django_leasequeue import enqueue, store
 from django_leasequeue.models import Job, WorkerProcess
 from django_leasequeue.store import NewJob
-from tests.support import job_in, wait_for
+from tests.support import claim, job_in, wait_for
 
 pytestmark = [pytest.mark.process]
 
@@ -45,14 +45,26 @@ def test_two_worker_processes_racing_on_one_due_job_exactly_one_claim(spawn):
     assert winners <= {"p1", "p2"}
 
 
-def test_notify_wakes_an_idle_worker_quickly(spawn):
-    spawn("runworker", "--concurrency", "1", env={"LEASEQUEUE_POLL_INTERVAL": "30"})
+def test_notify_wakes_an_idle_worker_quickly_and_reaper_keeps_its_own_interval(spawn):
+    """Poll interval 30 s: a job must still start within 2 s of its commit (LISTEN/NOTIFY), and
+    an expired lease must still be reaped every REAPER_INTERVAL (0.5 s), not every poll."""
+    spawn("runworker", "--concurrency", "1",
+          env={"LEASEQUEUE_POLL_INTERVAL": "30", "LEASEQUEUE_REAPER_INTERVAL": "0.5"})
     wait_for(lambda: listening_backends() == 1, timeout=60, what="the worker to LISTEN")
     time.sleep(0.5)  # let the worker settle into its 30 s poll wait
     job = enqueue("qa.record", ["wake up"])
     done = wait_for(lambda: job_in(job.id, "done"), timeout=10, what="the job to run")
     # Measured on the database clock: commit of the enqueue to the claim.
     assert (done.started_at - done.created_at).total_seconds() < 2
+
+    # A job claimed by a worker that died at once (1 s lease, never renewed).
+    with transaction.atomic():
+        orphan = enqueue("qa.record", ["orphan"])
+        (claimed,) = claim(limit=1, lease=1, worker_id="gone:1:dead")
+        assert claimed.id == orphan.id
+    done = wait_for(lambda: job_in(orphan.id, "done"), timeout=15, what="the idle worker to reap and rerun it")
+    assert (done.attempts, done.lease_version, [e["type"] for e in done.errors]) == (2, 3, ["LeaseExpired"])
+    assert (done.finished_at - done.created_at).total_seconds() < 5
 
 
 def test_c06_c25_burst_worker_survives_base_exceptions_bad_outcomes_unknown_tasks(spawn, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from qa.models import Effect, Execution, Probe
 
 from django_leasequeue import LeaseLost, enqueue, store
+from django_leasequeue.conf import build
 from django_leasequeue.models import Job
 from django_leasequeue.worker import WorkerService
 from tests.support import claim, context_for, run_claimed
@@ -108,7 +109,17 @@ def test_worker_heartbeat_uses_the_job_rows_lease():
     assert claimed.lease_seconds == 2
     worker._dispatch(claimed)
     (item,) = worker.inflight_snapshot()
-    assert (item.lease, item.ctx.lease_seconds) == (2, 2)
+    assert (item.lease, item.ctx.lease_seconds, item.renew_every) == (2, 2, 2 / 3)
+
+
+def test_worker_honours_heartbeat_interval_setting():
+    job = enqueue("qa.record")  # no lease of its own: the worker's 30 s
+    worker = WorkerService(concurrency=1, notify=False, settings=build({"LEASE": 30, "HEARTBEAT_INTERVAL": 0.5}))
+    (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=worker.lease, now=later())
+    assert (claimed.id, claimed.lease_seconds) == (job.id, 30)
+    worker._dispatch(claimed)
+    (item,) = worker.inflight_snapshot()
+    assert item.renew_every == 0.5
 
 
 class TestUniqueKeyScopes:

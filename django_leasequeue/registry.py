@@ -234,9 +234,11 @@ def check_json(value: Any, where: str) -> None:
     stack: list[tuple[Any, str]] = [(value, where)]
     while stack:
         item, path = stack.pop()
-        if item is None or isinstance(item, (bool, int, str)):
+        # Exact types for scalars: subclasses (IntEnum, StrEnum, numpy.float64...) serialise as
+        # their base type and would reach the handler as a plain int/str/float, silently.
+        if item is None or type(item) in (bool, int, str):
             continue
-        if isinstance(item, float):
+        if type(item) is float:
             if not math.isfinite(item):
                 raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
             continue
@@ -253,7 +255,10 @@ def check_json(value: Any, where: str) -> None:
                 stack.append((v, f"{path}[{k!r}]"))
             continue
         hint = ""
-        if isinstance(item, tuple):
+        base = next((b.__name__ for b in (int, float, str) if isinstance(item, b)), None)
+        if base is not None:
+            hint = f" (a subclass of {base}: it would arrive as a plain {base}; pass {base}(value) and convert it back)"
+        elif isinstance(item, tuple):
             hint = " (JSON would turn it into a list; pass a list)"
         elif type(item).__name__ in {"Decimal", "datetime", "date", "UUID", "time"}:
             hint = " (pass str(value) and convert it back in the handler)"

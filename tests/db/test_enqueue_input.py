@@ -3,6 +3,7 @@ unregistered task, a dead letter with the reason and nothing imported or run (in
 Cases C21 (naive datetimes, non-UTC TIME_ZONE) and C23 (non-JSON arguments)."""
 
 import asyncio
+import enum
 import math
 import sys
 import uuid
@@ -26,6 +27,14 @@ class Thing:
     pass
 
 
+class Status(enum.StrEnum):
+    PAID = "paid"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "named", "why"),
     [
@@ -41,6 +50,8 @@ class Thing:
         ([{"ok": {None: 1}}], {}, "argument 0['ok']", "key None"),
         ([b"bytes"], {}, "argument 0", "bytes"),
         ([{1, 2}], {}, "argument 0", "set"),
+        ([], {"status": Status.PAID}, "keyword argument 'status'", "a subclass of str"),
+        ([Level.HIGH], {}, "argument 0", "a subclass of int"),
     ],
 )
 def test_c23_non_json_argument_names_it_and_writes_nothing(args, kwargs, named, why):

@@ -223,22 +223,26 @@ def autodiscover() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_json(value: Any, where: str) -> None:
+def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
     """Check that ``value`` round-trips through JSON unchanged (same types, same values).
 
     Accepted: None, bool, int, finite float, str, list, and dict with str keys, nested.
+
+    Args:
+        exact_scalars: refuse subclasses of int/float/str (IntEnum, StrEnum, ...): they serialise
+            as their base type, so a job argument would reach the handler as a plain int/str.
+            False for return values, which are stored for reading, not passed back to code.
 
     Raises:
         PayloadNotSerializable: naming ``where`` and the path of the first offending value.
     """
     stack: list[tuple[Any, str]] = [(value, where)]
+    scalars = (bool, int, str)
     while stack:
         item, path = stack.pop()
-        # Exact types for scalars: subclasses (IntEnum, StrEnum, numpy.float64...) serialise as
-        # their base type and would reach the handler as a plain int/str/float, silently.
-        if item is None or type(item) in (bool, int, str):
+        if item is None or (type(item) in scalars if exact_scalars else isinstance(item, scalars)):
             continue
-        if type(item) is float:
+        if type(item) is float or (not exact_scalars and isinstance(item, float)):
             if not math.isfinite(item):
                 raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
             continue
@@ -471,5 +475,5 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
 
 def json_dumps_result(value: Any) -> str:
     """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
-    check_json(value, "return value")
+    check_json(value, "return value", exact_scalars=False)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

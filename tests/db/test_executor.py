@@ -1,12 +1,13 @@
 """The executor on one claimed job, in-process: outcomes C06 and C25, fenced completion, unique-key
 scopes after dead letters and orphans (C12)."""
 
+import enum
 from datetime import timedelta
 
 import pytest
 from qa.models import Effect, Execution, Probe
 
-from django_leasequeue import LeaseLost, enqueue, store
+from django_leasequeue import LeaseLost, enqueue, store, task
 from django_leasequeue.conf import build
 from django_leasequeue.models import Job
 from django_leasequeue.worker import WorkerService
@@ -165,3 +166,20 @@ class TestUniqueKeyScopes:
         assert Execution.objects.filter(job_id=orphan.id).count() == 1
         later_job = enqueue("qa.record", unique_key="k2", unique_scope=scope)
         assert (later_job.id == orphan.id) is (scope == "retained")
+
+
+def test_enum_return_value_is_stored_as_its_value():
+    job = enqueue("tests.returns_enum")
+    (c,) = claim(later())
+    assert run_claimed(c) == "done"
+    job.refresh_from_db()
+    assert job.result == {"level": 3}
+
+
+@task(name="tests.returns_enum")
+def returns_enum():
+    return {"level": Level.HIGH}
+
+
+class Level(enum.IntEnum):
+    HIGH = 3

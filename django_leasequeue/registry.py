@@ -404,11 +404,16 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
         EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
         UnknownTask: ``task_or_name`` is a name nobody registered.
     """
-    from . import signals, store
-
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
                     unique_scope=unique_scope, max_attempts=max_attempts)
+    return _insert_one(new)
+
+
+def _insert_one(new: Any) -> Job:
+    """Insert one validated :class:`store.NewJob`, or return the job already holding its unique key."""
+    from . import signals, store
+
     settings = get_settings()
     alias = store.db_alias()
     # A unique key held by a job in "active" scope can be released between our failed insert and
@@ -460,7 +465,8 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
     """Enqueue when the current transaction commits (``transaction.on_commit``); same arguments as
     :func:`enqueue`.
 
-    The arguments are validated now, so a bad argument raises here, not after the commit. An error
+    The arguments are validated and encoded now, so a bad argument raises here, not after the
+    commit, and changing the argument objects after this call does not change the job. An error
     in the deferred enqueue is not swallowed: Django raises it from the commit (``robust=False``).
     Outside a transaction the job is enqueued at once.
     """
@@ -469,8 +475,8 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
     from . import store
 
     spec = _resolve_spec(task_or_name)
-    build_job(spec, args, kwargs, **options)  # validate eagerly
-    transaction.on_commit(lambda: enqueue(spec, args, kwargs, **options), using=store.db_alias())
+    new = build_job(spec, args, kwargs, **options)  # validate and snapshot the arguments now
+    transaction.on_commit(lambda: _insert_one(new), using=store.db_alias())
 
 
 def json_dumps_result(value: Any) -> str:

@@ -1,6 +1,8 @@
 """Enqueue belongs to the caller's transaction (DESIGN.md section 4): cases C08, C09, C10, and
 ``enqueue_on_commit``. These need real commits, so they run with ``transactional_db``."""
 
+from decimal import Decimal
+
 import pytest
 from django.db import DatabaseError, connection, transaction
 from qa.models import Execution
@@ -78,6 +80,15 @@ def test_enqueue_on_commit_runs_only_on_commit():
     assert jobs == [(["later"], {"tag": "t"}, 0), (["via task"], {}, 5)]
 
 
+def test_enqueue_on_commit_snapshots_arguments_at_call_time():
+    data = {"n": 1}
+    with transaction.atomic():
+        enqueue_on_commit(record, [data])
+        data["n"] = 2
+        data["later"] = Decimal("1")  # would not even be JSON any more
+    assert list(Job.objects.values_list("args", flat=True)) == [[{"n": 1}]]
+
+
 def test_enqueue_on_commit_outside_a_transaction_enqueues_at_once():
     assert connection.get_autocommit()
     enqueue_on_commit(record, ["now"])
@@ -85,8 +96,6 @@ def test_enqueue_on_commit_outside_a_transaction_enqueues_at_once():
 
 
 def test_enqueue_on_commit_validates_eagerly():
-    from decimal import Decimal
-
     with transaction.atomic():
         with pytest.raises(PayloadNotSerializable, match="keyword argument 'tag'"):
             enqueue_on_commit(record, [], {"tag": Decimal("1")})

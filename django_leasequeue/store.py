@@ -165,8 +165,22 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     with _cursor(alias) as cur:
         cur.execute(JOB_INSERT, params)
         rows = cur.fetchall()
-    names = [f.attname for f in Job._meta.concrete_fields]
-    return [Job.from_db(alias, names, row[: len(names)]) for row in rows]
+    return [_job_from_row(alias, row) for row in rows]
+
+
+def _job_from_row(alias: str, row: Sequence[Any]) -> Job:
+    """Build a :class:`Job` from a ``RETURNING`` row of every concrete column, in model order.
+
+    ``Model.from_db`` does not run the fields' database converters (the ORM's compiler does), so
+    they are applied here: without them the JSON fields (args, kwargs, errors, history, result)
+    of a job returned by ``enqueue()`` would be raw JSON text instead of Python values.
+    """
+    connection = connections[alias]
+    values = [
+        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+        for field, value in zip(Job._meta.concrete_fields, row, strict=False)
+    ]
+    return Job.from_db(alias, [f.attname for f in Job._meta.concrete_fields], values)
 
 
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:

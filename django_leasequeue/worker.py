@@ -5,7 +5,8 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
 * :class:`WorkerService` claims up to as many jobs as it has free threads, in one statement, and
   hands them to the pool. It sleeps until a NOTIFY, a freed slot (only when it was saturated) or
   the poll interval, and runs the reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
-* :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3,
+* :class:`HeartbeatService` renews the leases of running jobs in one statement every
+  ``min(HEARTBEAT_INTERVAL, lease/3)`` (the job's own lease),
   stops renewing a job past its task's ``timeout`` (so a hung handler loses its lease and the job
   is retried elsewhere), and passes cancel requests and lost leases on to the handlers.
 * :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
@@ -62,6 +63,7 @@ class InFlight:
     manual_heartbeat: bool
     deadline: float | None  # monotonic time past which heartbeats stop (task timeout)
     next_renewal: float
+    renew_every: float  # seconds between renewals
     timed_out: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -163,7 +165,7 @@ class HeartbeatService(Service):
                 item.ctx.leased_until = renewal.leased_until
                 if renewal.cancel_requested:
                     item.ctx.mark_cancel_requested()
-                item.next_renewal = now + item.lease / 3
+                item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
         if now >= self._next_process_beat:
             self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
@@ -305,7 +307,7 @@ class WorkerService(Service):
         if free <= 0:
             with self._lock:
                 self._saturated = True
-            return self.poll_interval
+            return self._idle_wait()
         jobs = store.job_claim(queues=self.queues, limit=free, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias)
         self.claimed += len(jobs)
@@ -319,21 +321,36 @@ class WorkerService(Service):
         if self.burst and idle and self.completer._queue.empty():
             self.stop()
             return 0.0
-        return self.poll_interval
+        return self._idle_wait()
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait before the next claim: the poll interval, cut short by the next reaper
+        sweep. Without the cut a worker polling every 30 s (it relies on NOTIFY) would also reap
+        only every 30 s, and a dead peer's jobs would wait that long beyond their lease."""
+        if not self.reap:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
+        # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
+        # never by the task's declared lease: using(lease=...) stores another value in the row, and
+        # renewing every declared/3 seconds would let a shorter granted lease expire in between.
+        lease = job.lease_seconds
         try:
             spec = registry.get_task(job.task)
-            lease = spec.lease or job.lease_seconds
             timeout, manual = spec.timeout, spec.manual_heartbeat
         except Exception:
-            lease, timeout, manual = job.lease_seconds, None, False
+            timeout, manual = None, False
+        # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
+        # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
+        renew_every = min(self.settings.heartbeat_interval, lease / 3)
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
                          leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
-                        deadline=now + timeout if timeout else None, next_renewal=now + lease / 3)
+                        deadline=now + timeout if timeout else None, next_renewal=now + renew_every,
+                        renew_every=renew_every)
         with self._lock:
             self._inflight[job.id] = item
         self._tasks.put(job)

@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_leasequeue",
     "invoices",
+    "qa",
 ]
 
 MIDDLEWARE = [

@@ -21,12 +21,25 @@ JOB_STATE_FIELDS = {"status", "lease_version", "leased_until", "leased_by", "att
                     "errors"}
 
 
+# The read side: health.py is the one query module for monitoring, the admin dashboard and the
+# metrics. It may run SQL, but only reads: no locks and no writes (checked below).
+READ_ONLY_QUERY_MODULES = {"health.py"}
+WRITE_SQL = re.compile(r"\b(FOR\s+UPDATE|FOR\s+SHARE|UPDATE\s+\w+\s+SET|INSERT\s+INTO|DELETE\s+FROM)\b", re.I)
+
+
 def sources():
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)
-        if rel.parts[0] == "migrations" or rel.name == "store.py":
+        if rel.parts[0] == "migrations" or rel.name == "store.py" or rel.name in READ_ONLY_QUERY_MODULES:
             continue
         yield rel, path.read_text()
+
+
+def test_read_only_query_modules_never_lock_or_write():
+    for name in READ_ONLY_QUERY_MODULES:
+        text = (PACKAGE / name).read_text()
+        assert not WRITE_SQL.search(text), f"{name} must only read"
+        assert "select_for_update" not in text
 
 
 def root_name(node: ast.AST) -> str | None:

@@ -725,39 +725,56 @@ def schedule_lock_due(*, limit: int = 100, exclude: Sequence[int] = (), now: dat
     ]
 
 
-# Advance a schedule after its occurrences were inserted (same transaction). Monotonic: a scheduler
-# that worked from a stale read can never move last/next occurrence backwards. The compare on cron
-# and timezone makes it a compare-and-set against an edit that slipped in: then the edit's own
-# recomputed next occurrence stands (the jobs already inserted were due under the old definition).
+# Advance schedules after their occurrences were inserted (same transaction), many in one
+# statement. Monotonic: a scheduler that worked from a stale read can never move last/next
+# occurrence backwards. The compare on cron and timezone makes it a compare-and-set against an
+# edit that slipped in: then the edit's own recomputed next occurrence stands (the jobs already
+# inserted were due under the old definition).
 SCHEDULE_ADVANCE = f"""
 UPDATE {SCHEDULE_TABLE} s
-SET last_occurrence_at = CASE WHEN %(last)s::timestamptz IS NULL THEN s.last_occurrence_at
-                              ELSE greatest(s.last_occurrence_at, %(last)s::timestamptz) END,
-    next_occurrence_at = greatest(s.next_occurrence_at, %(next)s::timestamptz),
-    skipped_occurrences = s.skipped_occurrences + %(skipped)s
-WHERE s.id = %(id)s AND s.cron = %(cron)s AND s.timezone = %(timezone)s AND s.enabled
+SET last_occurrence_at = CASE WHEN d.last IS NULL THEN s.last_occurrence_at
+                              ELSE greatest(s.last_occurrence_at, d.last) END,
+    next_occurrence_at = greatest(s.next_occurrence_at, d.next),
+    skipped_occurrences = s.skipped_occurrences + d.skipped
+FROM unnest(%(id)s::bigint[], %(last)s::timestamptz[], %(next)s::timestamptz[], %(skipped)s::bigint[],
+            %(cron)s::text[], %(timezone)s::text[]) AS d(id, last, next, skipped, cron, timezone)
+WHERE s.id = d.id AND s.cron = d.cron AND s.timezone = d.timezone AND s.enabled
 RETURNING s.id
 """
 
 
-def schedule_advance(schedule_id: int, *, last: datetime | None, next_at: datetime, skipped: int, cron: str,
-                     timezone: str, alias: str | None = None) -> bool:
-    """Record a tick's outcome for one schedule.
+@dataclass(frozen=True)
+class ScheduleAdvance:
+    """One schedule's tick outcome, for :func:`schedule_advance`.
 
-    Args:
-        last: aware datetime of the newest occurrence emitted by this tick, or None (none emitted).
-        next_at: aware datetime of the next occurrence to wait for.
-        skipped: number of due occurrences not emitted (catch-up policy), added to the counter.
-        cron, timezone: the definition the plan was computed from; nothing is written if the
-            schedule was edited (or disabled) meanwhile.
+    ``last``: aware datetime of the newest occurrence emitted, or None (none emitted). ``next_at``:
+    aware datetime of the next occurrence to wait for. ``skipped``: due occurrences not emitted
+    (catch-up policy), added to the counter. ``cron``, ``timezone``: the definition the plan was
+    computed from; a schedule edited (or disabled) meanwhile is not written.
+    """
+
+    schedule_id: int
+    last: datetime | None
+    next_at: datetime
+    skipped: int
+    cron: str
+    timezone: str
+
+
+def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = None) -> set[int]:
+    """Record the outcome of a tick for many schedules in one statement.
 
     Returns:
-        True when the schedule was advanced.
+        The ids of the schedules advanced (the others were edited or disabled meanwhile).
     """
+    if not items:
+        return set()
+    params = {"id": [i.schedule_id for i in items], "last": [i.last for i in items],
+              "next": [i.next_at for i in items], "skipped": [int(i.skipped) for i in items],
+              "cron": [i.cron for i in items], "timezone": [i.timezone for i in items]}
     with _cursor(alias) as cur:
-        cur.execute(SCHEDULE_ADVANCE, {"id": schedule_id, "last": last, "next": next_at, "skipped": int(skipped),
-                                       "cron": cron, "timezone": timezone})
-        return cur.fetchone() is not None
+        cur.execute(SCHEDULE_ADVANCE, params)
+        return {r[0] for r in cur.fetchall()}
 
 
 # When the scheduler should wake up next: the earliest stored next occurrence of an enabled

@@ -81,7 +81,7 @@ def test_unique_key_alone_keeps_one_job_per_occurrence(caplog):
 
     def fire(i: int) -> TickResult:
         with transaction.atomic():
-            return services[i].fire(row, now)
+            return services[i].fire([row], now)
 
     with caplog.at_level(logging.DEBUG, logger="django_leasequeue"):
         results = run_together(4, fire)
@@ -96,7 +96,7 @@ def test_unique_key_alone_keeps_one_job_per_occurrence(caplog):
     assert (schedule.last_occurrence_at, schedule.next_occurrence_at) == (expected[-1], start + timedelta(minutes=20))
     # A stale scheduler replaying the same read later changes nothing either.
     with transaction.atomic():
-        late = services[0].fire(row, now + timedelta(seconds=5))
+        late = services[0].fire([row], now + timedelta(seconds=5))
     assert late.emitted == [] and len(late.duplicates) == 3
     assert Job.objects.filter(schedule=schedule).count() == 3
     schedule.refresh_from_db()

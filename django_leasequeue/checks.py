@@ -158,3 +158,16 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.C
              "python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
         id="leasequeue.W103",
     ) for t in tokens if len(t) < METRICS_TOKEN_MIN_LENGTH]
+
+
+@checks.register()
+def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report an invalid ``LEASEQUEUE_SCHEDULES`` setting as ``leasequeue.E003`` (at deploy time,
+    before a scheduler refuses to start)."""
+    from .scheduler import load_settings_schedules
+
+    try:
+        load_settings_schedules()
+    except ConfigurationError as exc:
+        return [checks.Error(str(exc), id="leasequeue.E003")]
+    return []

@@ -8,7 +8,8 @@ index, so heartbeat renewals can be HOT updates.
 
 from __future__ import annotations
 
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import models, router
 from django.db.models import Q
 
 
@@ -135,7 +136,22 @@ class DeadLetter(Job):
 
 
 class Schedule(models.Model):
-    """A recurring job: one job per cron occurrence, evaluated in ``timezone``."""
+    """A recurring job: one job per cron occurrence, evaluated in ``timezone``.
+
+    Validation (``full_clean()``, hence the admin form and the settings sync, and every ``save()``)
+    refuses an invalid cron expression, an unknown time zone, an unregistered task (for an enabled
+    schedule), arguments that do not round-trip through JSON, a priority outside -100..100, a queue
+    that ``LEASEQUEUE["QUEUES"]`` does not allow and a ``catch_up_limit`` below 1; each message
+    names the offending value. The checks live in :meth:`clean_fields`, Django's per-field hook, so
+    a ModelForm that leaves a field out does not get errors for it.
+
+    ``save()`` keeps ``next_occurrence_at`` right for the scheduler (see docs/schedules.md): a new
+    schedule starts with the first occurrence after its creation; a changed cron expression or time
+    zone, or a re-enabled schedule, gets the first occurrence after the save under the new
+    definition (no back-fill, no burst); a disabled one has none. The scheduler's bookkeeping
+    (last occurrence, next occurrence, skipped count) never moves backwards on save, so a form loaded
+    before the scheduler advanced cannot rewind it. Times are database time (``store.db_now()``).
+    """
 
     class CatchUp(models.TextChoices):
         LATEST = "latest", "latest missed occurrence only"
@@ -166,6 +182,139 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron})"
+
+    def save(self, **kwargs) -> None:
+        """Validate (``full_clean``), keep ``next_occurrence_at`` right, then save.
+
+        Raises:
+            ValidationError: the schedule is invalid (nothing is written).
+        """
+        self.full_clean(validate_unique=False, validate_constraints=False)
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        if self._plan_next_occurrence(using) and kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "next_occurrence_at"}
+        super().save(**kwargs)
+
+    @property
+    def zone_name(self) -> str:
+        """The IANA zone the cron expression is read in: ``timezone``, or ``settings.TIME_ZONE`` if blank."""
+        return _zone_name(self.timezone)
+
+    def clean_fields(self, exclude=None) -> None:
+        """Django's field validation plus the schedule's own checks (see the class docstring).
+
+        Raises:
+            ValidationError: keyed by field, each message naming the offending value.
+        """
+        errors: dict = {}
+        exclude = set(exclude or ())
+        # Arguments first: our message names the offending value, Django's says "Value must be valid JSON".
+        others = {f.name for f in self._meta.fields} - {"args", "kwargs"}
+        for field, message in self._definition_errors(exclude | others):
+            errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
+        try:
+            super().clean_fields(exclude=exclude | set(errors))
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        for field, message in self._definition_errors(exclude | set(errors) | {"args", "kwargs"}):
+            errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
+        if errors:
+            raise ValidationError(errors)
+
+    def _definition_errors(self, skip: set[str]):
+        from . import cron, registry
+        from .conf import get_settings
+        from .exceptions import PayloadNotSerializable, UnknownTask
+
+        if "cron" not in skip:
+            try:
+                cron.validate_cron(self.cron)
+            except cron.InvalidCron as exc:
+                yield "cron", str(exc)
+        if "timezone" not in skip:
+            try:
+                cron.validate_timezone(self.zone_name)
+            except cron.InvalidTimezone as exc:
+                where = "" if self.timezone else " (blank timezone: the project's TIME_ZONE)"
+                yield "timezone", f"{exc}{where}"
+        if "task" not in skip and self.enabled:
+            registry.autodiscover()
+            try:
+                registry.get_task(self.task)
+            except UnknownTask:
+                yield "task", (f"task {self.task!r} is not registered (no @task of that name in an app's "
+                               "tasks.py / jobs.py or in LEASEQUEUE['IMPORTS'])")
+        if "args" not in skip:
+            if not isinstance(self.args, list):
+                yield "args", f"args must be a JSON list of positional arguments, got {self.args!r}"
+            else:
+                try:
+                    registry.check_json(self.args, "args")
+                except PayloadNotSerializable as exc:
+                    yield "args", str(exc)
+        if "kwargs" not in skip:
+            if not isinstance(self.kwargs, dict):
+                yield "kwargs", f"kwargs must be a JSON object of keyword arguments, got {self.kwargs!r}"
+            else:
+                try:
+                    registry.check_json(self.kwargs, "kwargs")
+                except PayloadNotSerializable as exc:
+                    yield "kwargs", str(exc)
+        if "queue" not in skip and self.queue:
+            settings = get_settings()
+            if not settings.queue_allowed(self.queue):
+                allowed = sorted(settings.queues or [])
+                yield "queue", f"unknown queue {self.queue!r}; LEASEQUEUE['QUEUES'] allows {allowed}"
+        if "priority" not in skip and isinstance(self.priority, int) and not -100 <= self.priority <= 100:
+            yield "priority", f"priority must be from -100 to 100, got {self.priority!r}"
+        if "catch_up_limit" not in skip and isinstance(self.catch_up_limit, int) and self.catch_up_limit < 1:
+            yield "catch_up_limit", f"catch_up_limit must be >= 1, got {self.catch_up_limit!r}"
+
+    def _plan_next_occurrence(self, using: str) -> bool:
+        """Set ``next_occurrence_at`` for a new, edited, re-enabled or disabled schedule.
+
+        Returns:
+            True when ``next_occurrence_at`` was (re)computed or cleared.
+        """
+        from . import cron, store
+
+        if not self.enabled:
+            self.next_occurrence_at = None
+            return True
+        old = None
+        if not self._state.adding and self.pk is not None:
+            old = (type(self)._base_manager.using(using).filter(pk=self.pk)
+                   .values("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at",
+                           "skipped_occurrences").first())
+        if old is None:
+            if self.last_occurrence_at is None and self.next_occurrence_at is None:
+                self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
+                return True
+            return False
+        # The scheduler may have advanced the row since this instance was loaded (an admin form):
+        # never write its bookkeeping back. A race between this read and the write remains; the
+        # jobs' unique key makes it harmless (a re-computed occurrence is not emitted twice).
+        self.last_occurrence_at = _latest(old["last_occurrence_at"], self.last_occurrence_at)
+        self.skipped_occurrences = max(old["skipped_occurrences"], self.skipped_occurrences or 0)
+        if old["cron"] != self.cron or _zone_name(old["timezone"]) != self.zone_name or not old["enabled"]:
+            self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
+            return True
+        self.next_occurrence_at = _latest(old["next_occurrence_at"], self.next_occurrence_at)
+        return False
+
+
+def _zone_name(timezone: str) -> str:
+    from django.conf import settings
+
+    return timezone or settings.TIME_ZONE or "UTC"
+
+
+def _latest(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
 
 
 class QueueState(models.Model):

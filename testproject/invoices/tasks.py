@@ -1,12 +1,19 @@
-"""Tasks of the example app: monthly invoices (idempotent and fenced), a flaky task, a poison task."""
+"""Tasks of the example app: monthly invoices (idempotent and fenced), the nightly invoice run and a
+heartbeat (both scheduled in settings.LEASEQUEUE_SCHEDULES), a flaky task, a poison task."""
 
 import time
+from zoneinfo import ZoneInfo
 
+from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from django_leasequeue import JobContext, task
+from django_leasequeue.models import Job
 
 from .models import Account, FlakyAttempt, Invoice
+
+BILLING_ZONE = ZoneInfo("Europe/Berlin")
 
 
 @task(takes_context=True, max_attempts=5, lease=10)
@@ -49,3 +56,28 @@ def poison(payload: dict) -> None:
 @task
 def noop() -> None:
     """Does nothing: for measuring the queue's own overhead."""
+
+
+@task(takes_context=True, max_attempts=3)
+def run_monthly_invoices(context: JobContext, period: str | None = None) -> dict:
+    """Enqueue ``send_invoice`` for every account for ``period`` ("YYYY-MM").
+
+    Scheduled nightly. The period defaults to the month of the schedule's occurrence (Berlin time),
+    read from this job's own row, so a run caught up after midnight on the 1st still bills the
+    month it was due for. Each invoice job has the unique key ``invoice:<account>:<period>``: the
+    first night of a month enqueues them, the other nights (and a retry of this job) add nothing.
+    """
+    if period is None:
+        occurrence = Job.objects.filter(pk=context.job_id).values_list("occurrence_at", flat=True).first()
+        period = (occurrence or timezone.now()).astimezone(BILLING_ZONE).strftime("%Y-%m")
+    account_ids = list(Account.objects.order_by("pk").values_list("pk", flat=True))
+    with transaction.atomic():  # every invoice job of the run, or none
+        for account_id in account_ids:
+            send_invoice.using(unique_key=f"invoice:{account_id}:{period}").enqueue(account_id, period)
+    return {"period": period, "accounts": len(account_ids)}
+
+
+@task(max_attempts=1)
+def heartbeat() -> str:
+    """Scheduled every minute: proves the scheduler, the queue and a worker are all alive."""
+    return timezone.now().isoformat()

@@ -83,9 +83,31 @@ LEASEQUEUE = {
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
 }
 
+# Recurring schedules (docs/schedules.md), synced into the schedule table when a scheduler starts
+# (`manage.py runscheduler`, `runworker --with-scheduler`) or by `manage.py syncschedules`. These
+# are owned by settings: edits in the admin are overwritten at the next sync.
+LEASEQUEUE_SCHEDULES = {
+    # Every night at 02:00 Berlin time: enqueue this month's invoice for every account. The invoice
+    # jobs have unique keys per (account, month), so the nights after the first are no-ops.
+    "nightly-invoice-run": {
+        "task": "invoices.tasks.run_monthly_invoices",
+        "cron": "0 2 * * *",
+        "timezone": "Europe/Berlin",
+        "catch_up": "latest",
+    },
+    # Every minute: a liveness probe through the whole pipeline (scheduler -> queue -> worker).
+    "heartbeat": {
+        "task": "invoices.tasks.heartbeat",
+        "cron": "* * * * *",
+        "catch_up": "none",
+        "priority": 50,
+    },
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LEASEQUEUE_LOG_LEVEL", "WARNING")},
 }

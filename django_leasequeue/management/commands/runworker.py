@@ -54,7 +54,10 @@ class Command(BaseCommand):
         if options["with_scheduler"]:
             from django_leasequeue.scheduler import SchedulerService
 
-            services.append(SchedulerService())
+            try:
+                services.append(SchedulerService())
+            except ConfigurationError as exc:  # an invalid LEASEQUEUE_SCHEDULES: refuse to start
+                raise CommandError(str(exc))
         code = run_services(services)
         if code:
             raise SystemExit(code)

@@ -165,8 +165,24 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     with _cursor(alias) as cur:
         cur.execute(JOB_INSERT, params)
         rows = cur.fetchall()
-    names = [f.attname for f in Job._meta.concrete_fields]
-    return [Job.from_db(alias, names, row[: len(names)]) for row in rows]
+    return _jobs_from_rows(rows, alias)
+
+
+def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
+    """Build Job instances from raw rows in ``_JOB_COLUMNS`` order, through the fields' own
+    ``from_db_value`` converters (a raw cursor returns JSON columns as text, as Django's
+    PostgreSQL backend leaves jsonb decoding to JSONField)."""
+    fields = Job._meta.concrete_fields
+    names = [f.attname for f in fields]
+    connection = connections[alias]
+    converters = [(i, f.from_db_value) for i, f in enumerate(fields) if hasattr(f, "from_db_value")]
+    jobs = []
+    for row in rows:
+        values = list(row[: len(names)])
+        for i, convert in converters:
+            values[i] = convert(values[i], None, connection)
+        jobs.append(Job.from_db(alias, names, values))
+    return jobs
 
 
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:
@@ -649,3 +665,4 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
     with _cursor(alias) as cur:
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
         return cur.rowcount
+

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from . import reaper, registry, signals, store
 from .conf import Settings, get_settings
@@ -247,15 +247,20 @@ class WorkerService(Service):
         thread.start()
 
     def _thread_main(self) -> None:
-        while True:
-            job = self._tasks.get()
-            if job is None:
-                return
-            self._run_job(job)
-            with self._lock:
-                if self._spare_threads > 0:
-                    self._spare_threads -= 1
+        try:
+            while True:
+                job = self._tasks.get()
+                if job is None:
                     return
+                self._run_job(job)
+                with self._lock:
+                    if self._spare_threads > 0:
+                        self._spare_threads -= 1
+                        return
+        finally:
+            # This thread's connections would otherwise stay open until the process exits (an
+            # in-process worker, e.g. in tests, then keeps sessions on the database after it stopped).
+            connections.close_all()
 
     def _run_job(self, job: store.ClaimedJob) -> None:
         with self._lock:

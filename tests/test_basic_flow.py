@@ -3,10 +3,9 @@
 from datetime import timedelta
 
 import pytest
+from invoices.tasks import flaky_sync
 
 from django_leasequeue import store
-from django_leasequeue.models import Job
-from invoices.tasks import flaky_sync
 
 pytestmark = pytest.mark.django_db
 
@@ -36,3 +35,10 @@ def test_expired_lease_is_reaped_and_token_bumped():
     assert store.job_complete([(job.id, claimed.lease_version, None)], now=now) == set()
     job.refresh_from_db()
     assert job.errors[-1]["type"] == "LeaseExpired"
+
+
+def test_enqueue_returns_decoded_json_fields():
+    # The row comes back from a raw INSERT ... RETURNING: JSON columns must be decoded like the ORM does.
+    job = flaky_sync.enqueue("k", failures=0)
+    assert job.args == ["k"] and job.kwargs == {"failures": 0}
+    assert job.errors == [] and job.history == [] and job.result is None

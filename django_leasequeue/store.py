@@ -666,3 +666,25 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
         return cur.rowcount
 
+
+# ---- django tasks backend ----
+
+# Store the return value of a job that its handler already completed inside fenced_atomic(): the
+# value is known only after that block committed the job as done (with a null result). Fenced on
+# the token and on 'done', so it can only fill in the result of the attempt that completed the job;
+# a replayed job (ready again, and later done under a newer token) is never overwritten.
+JOB_SET_RESULT = f"""
+UPDATE {JOB_TABLE} SET result = %(result)s::jsonb
+WHERE id = %(id)s AND lease_version = %(version)s AND status = 'done'
+"""
+
+
+def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | None = None) -> bool:
+    """Record ``result_json`` (JSON text) as the result of a job done under token ``version``.
+
+    Returns:
+        True when written; False when the job is not done under that token (nothing written).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
+        return cur.rowcount == 1

@@ -7,6 +7,8 @@ PGUSER (postgres), PGPASSWORD (empty).
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "leasequeue-test-project-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
@@ -22,6 +24,9 @@ INSTALLED_APPS = [
     "django_leasequeue",
     "invoices",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 LTS: Django's tasks framework comes from the django-tasks backport.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -78,6 +83,17 @@ LEASEQUEUE = {
     "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
     "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX": 60,
+    # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
+    "IMPORTS": ["invoices.framework_tasks"],
+}
+
+# Django's tasks framework (django.tasks, or the django_tasks backport on 5.2) runs on our workers.
+TASKS = {
+    "default": {
+        "BACKEND": "django_leasequeue.backends.LeaseQueueBackend",
+        "QUEUES": ["default", "invoices"],
+        "OPTIONS": {"MAX_ATTEMPTS": 5, "BACKOFF": {"base": 1, "max": 60}},
+    }
 }
 
 LOGGING = {

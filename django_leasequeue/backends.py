@@ -66,6 +66,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
+from django.core.signals import setting_changed
 from django.utils import timezone
 
 from . import exceptions as lq_exceptions
@@ -88,7 +89,7 @@ from .compat_tasks import (
     task_started,
 )
 from .context import JobContext
-from .exceptions import ConfigurationError, LeaseLost, PayloadNotSerializable
+from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
 from .retry import Backoff
 
 if TYPE_CHECKING:
@@ -297,17 +298,50 @@ def registered_framework_tasks() -> dict[str, Task]:
     return dict(_TASKS)
 
 
+# Backends by alias for the worker's lookups (the framework's handler keeps one instance per
+# thread behind an asgiref Local, which costs more than the rest of the lookup). Ours are
+# stateless apart from caches, so threads may share one; cleared when TASKS changes.
+_BACKENDS: dict[str, LeaseQueueBackend] = {}
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("TASKS", "LEASEQUEUE"):
+        _BACKENDS.clear()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="leasequeue-tasks-backends")
+
+
 def _backend_of(task: Task) -> LeaseQueueBackend:
+    backend = _BACKENDS.get(task.backend)
+    if backend is not None:
+        return backend
     backend = task.get_backend()
     if not isinstance(backend, LeaseQueueBackend):
         raise InvalidTaskBackend(
             f"task {task.module_path!r} uses backend {task.backend!r}, which is not a LeaseQueueBackend"
         )
+    _BACKENDS[task.backend] = backend
     return backend
 
 
 def _spec_for(task: Task, backend: LeaseQueueBackend) -> registry.Task:
-    """Build the native job spec that runs ``task``: its options over the backend's defaults."""
+    """The native job spec that runs ``task``: its options over the backend's defaults.
+
+    Cached on the backend instance (one per thread and ``TASKS`` setting) by Task identity: the
+    worker looks a job's spec up twice per attempt.
+    """
+    cached = backend._specs.get(id(task))
+    if cached is not None and cached[0] is task:
+        return cached[1]
+    spec = _build_spec(task, backend)
+    if len(backend._specs) > 10_000:  # .using() copies are enqueue-time only; keep the cache small
+        backend._specs.clear()
+    backend._specs[id(task)] = (task, spec)
+    return spec
+
+
+def _build_spec(task: Task, backend: LeaseQueueBackend) -> registry.Task:
     own = _options_of(task)
     defaults = backend.defaults
     return registry.Task(
@@ -395,21 +429,31 @@ class LeaseQueueTaskContext(TaskContext):
 # Attempts whose task_started was sent by this process and whose task_finished is still due,
 # keyed by (job id, fencing token). Bounded: an attempt whose outcome could not be written at all
 # (database down) never reports back, and must not leak forever.
-_STARTED: OrderedDict[tuple[int, int], None] = OrderedDict()
+_STARTED: OrderedDict[tuple[int, int], _Attempt] = OrderedDict()
 _STARTED_LOCK = threading.Lock()
 _STARTED_MAX = 100_000
 
 
-def _started_add(key: tuple[int, int]) -> None:
+@dataclass(eq=False)
+class _Attempt:
+    """What the worker knows of a running attempt, to send ``task_finished`` without a query."""
+
+    task: Task
+    result: TaskResult  # RUNNING, as sent with task_started
+    exc: BaseException | None = None  # set when the task raised
+    value: Any = None
+
+
+def _started_add(key: tuple[int, int], attempt: _Attempt) -> None:
     with _STARTED_LOCK:
-        _STARTED[key] = None
+        _STARTED[key] = attempt
         while len(_STARTED) > _STARTED_MAX:
             _STARTED.popitem(last=False)
 
 
-def _started_pop(key: tuple[int, int]) -> bool:
+def _started_pop(key: tuple[int, int]) -> _Attempt | None:
     with _STARTED_LOCK:
-        return _STARTED.pop(key, 0) is None
+        return _STARTED.pop(key, None)
 
 
 class _Runner:
@@ -426,22 +470,36 @@ class _Runner:
     def __call__(self, job: JobContext, *args: Any, **kwargs: Any) -> Any:
         task = self.task
         backend = _backend_of(task)
-        row = _load_job(job.job_id, job.alias)
-        if row is None or row.status != "leased" or row.lease_version != job.lease_version:
-            job.mark_lease_lost()
-            raise LeaseLost(f"job {job.job_id}: lease {job.lease_version} was lost before the task started")
-        result = backend.result_from_job(row, task)
-        _started_add((job.job_id, job.lease_version))
-        _send(task_started, backend, result)
-        if task.takes_context:
-            value = task.call(LeaseQueueTaskContext(task_result=result, job=job), *args, **kwargs)
+        claim = job.claim
+        if claim is not None and claim.attempts == 1 and claim.error_count == 0 and claim.created_at is not None:
+            # A first attempt with no history: the claim returned everything the result shows.
+            result = backend.result_from_claim(claim, task, job.worker_id)
         else:
-            value = task.call(*args, **kwargs)
+            # Retries (and replays) carry history the claim does not return: one primary-key read.
+            row = _load_job(job.job_id, job.alias)
+            if row is None or row.status != "leased" or row.lease_version != job.lease_version:
+                job.mark_lease_lost()
+                raise LeaseLost(f"job {job.job_id}: lease {job.lease_version} was lost before the task started")
+            result = backend.result_from_job(row, task)
+        attempt = _Attempt(task=task, result=result)
+        _started_add((job.job_id, job.lease_version), attempt)
+        _send(task_started, backend, result)
+        try:
+            if task.takes_context:
+                value = task.call(LeaseQueueTaskContext(task_result=result, job=job), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
+        except (LeaseLost, JobCancelled, Snooze):
+            raise  # outcomes, not failures: the executor records them
+        except BaseException as exc:  # noqa: BLE001 - recorded by the executor as a failed attempt
+            attempt.exc = exc  # formatted when task_finished is sent, as the executor formats it
+            raise
         try:
             # The framework's own normalisation (tuples become lists), as its built-in backends do.
             value = normalize_json(value)
         except (TypeError, ValueError):
             return value  # the executor dead-letters it with a message naming the value (case C25)
+        attempt.value = value
         if job.completed_in_transaction and value is not None:
             self._store_late_result(job, value)
         return value
@@ -462,9 +520,8 @@ class _Runner:
 
 def _load_job(job_id: int, alias: str | None = None) -> Job | None:
     from . import store
-    from .models import Job
 
-    return Job.objects.using(alias or store.db_alias()).filter(pk=job_id).first()
+    return store.job_get(job_id, alias=alias)
 
 
 def _send(signal: Any, backend: BaseTaskBackend, result: TaskResult) -> None:
@@ -484,6 +541,7 @@ _EVENT_STATUS = {
 
 
 def _send_finished(job_id: int, name: str, status: TaskResultStatus) -> None:
+    """Send ``task_finished`` with the job as read from the database (the reaper's path)."""
     task = _TASKS.get(name)
     if task is None:
         return
@@ -497,18 +555,46 @@ def _send_finished(job_id: int, name: str, status: TaskResultStatus) -> None:
     _send(task_finished, backend, result)
 
 
+def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult:
+    """The attempt's RUNNING result moved to ``status``: the outcome the executor just wrote.
+
+    ``finished_at`` is the worker's clock here; ``get_result`` shows the database's.
+    """
+    from .executor import describe_error
+
+    changes: dict[str, Any] = {"status": status, "errors": list(attempt.result.errors)}
+    if attempt.exc is not None:
+        # The executor stored describe_error() of this same exception, caught where it is caught
+        # now (the signal is sent from its except block): same class path, same traceback text.
+        entry = describe_error(attempt.exc, attempt=0, worker="")
+        changes["errors"].append(TaskError(exception_class_path=entry["type"], traceback=entry["traceback"]))
+    if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+        changes["finished_at"] = timezone.now()
+    if status == TaskResultStatus.SUCCESSFUL:
+        changes["_return_value"] = attempt.value
+    return _clone(attempt.result, **changes)
+
+
 def _on_attempt_end(sender: Any, event: str, job_id: int | None = None, task: str | None = None,
                     token: int | None = None, **fields: Any) -> None:
     """Our executor recorded an attempt's outcome: send ``task_finished`` if we sent ``task_started``.
 
-    Retries and dead letters are recorded inside the executor's ``except`` block, so receivers
-    (Django's own logger among them) see the exception in ``sys.exc_info()``.
+    Built from what the worker already knows, without a query. Retries and dead letters are
+    recorded inside the executor's ``except`` block, so receivers (Django's own logger among them)
+    see the exception in ``sys.exc_info()``.
     """
     try:
-        if job_id is None or token is None or not _started_pop((job_id, token)):
+        if job_id is None or token is None:
             return
-        if event in _EVENT_STATUS:
-            _send_finished(job_id, task or "", _EVENT_STATUS[event])
+        attempt = _started_pop((job_id, token))
+        if attempt is None or event not in _EVENT_STATUS:
+            return
+        status = _EVENT_STATUS[event]
+        if event in ("retried", "dead_lettered") and attempt.exc is None:
+            # Failed outside the task (a non-JSON return value): the row has the error entry.
+            _send_finished(job_id, task or "", status)
+            return
+        _send(task_finished, _backend_of(attempt.task), _finished_result(attempt, status))
     except Exception:
         logger.exception("could not send task_finished for job %s", job_id)
 
@@ -635,6 +721,7 @@ class LeaseQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.config_errors: list[str] = []
+        self._specs: dict[int, tuple[Task, registry.Task]] = {}
         queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
         if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable) or not all(
             isinstance(q, str) and 0 < len(q) <= 100 for q in queues
@@ -772,6 +859,17 @@ class LeaseQueueBackend(BaseTaskBackend):
         if job.status == "done":
             object.__setattr__(result, "_return_value", job.result)
         return result
+
+    def result_from_claim(self, claim: Any, task: Task, worker_id: str) -> TaskResult:
+        """Build the RUNNING ``TaskResult`` of a first attempt from its claim (a
+        ``store.ClaimedJob`` with no failed attempts before it, leased by ``worker_id``), equal to
+        what :meth:`result_from_job` gives for the row at that moment, without reading the row."""
+        view = _clone(task, queue_name=claim.queue, priority=claim.priority, run_after=None)
+        return TaskResult(
+            task=view, id=str(claim.id), status=TaskResultStatus.RUNNING, enqueued_at=claim.created_at,
+            started_at=claim.started_at, finished_at=None, last_attempted_at=claim.claimed_at, args=claim.args,
+            kwargs=claim.kwargs, backend=self.alias, errors=[], worker_ids=[worker_id],
+        )
 
     # -- checks -------------------------------------------------------------------------------
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

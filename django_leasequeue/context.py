@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -27,6 +28,7 @@ class JobContext:
         worker_id (str): ``host:pid:name`` of this worker.
         leased_until (datetime): aware, database time, updated by each renewal.
         lease_seconds (float): lease length.
+        claim (store.ClaimedJob | None): the claim this attempt runs under (set by the worker).
     """
 
     job_id: int
@@ -42,6 +44,7 @@ class JobContext:
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     completed_in_transaction: bool = False
+    claim: Any = field(default=None, repr=False)
 
     @property
     def lease_lost(self) -> bool:

@@ -214,11 +214,17 @@ class ClaimedJob:
     lease_seconds: float
     claimed_at: datetime
     priority: int = 0
+    # For the Django tasks backend, which reports them at the start of each attempt: enqueue time,
+    # first claim time, and the number of failed attempts recorded so far.
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    error_count: int = 0
 
 
 _CLAIM_RETURNING = """
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
-          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority
+          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority,
+          j.created_at, j.started_at, jsonb_array_length(j.errors)
 """
 
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
@@ -308,7 +314,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     return [
         ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
                    max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
-                   claimed_at=r[10], priority=r[11])
+                   claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
         for r in rows
     ]
 
@@ -688,3 +694,19 @@ def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | 
     with _cursor(alias) as cur:
         cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
         return cur.rowcount == 1
+
+
+# Read one job by primary key (no lock): the tasks backend's get_result and the start of each
+# framework-task attempt. Plain SQL rather than the ORM because the query compiler, not the
+# database, was most of the cost of an attempt.
+JOB_GET = f"SELECT {', '.join(_JOB_COLUMNS)} FROM {JOB_TABLE} WHERE id = %(id)s"
+
+
+def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
+    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None."""
+    alias = alias or db_alias()
+    with _cursor(alias) as cur:
+        cur.execute(JOB_GET, {"id": job_id})
+        rows = cur.fetchall()
+    jobs = _jobs_from_rows(rows, alias)
+    return jobs[0] if jobs else None

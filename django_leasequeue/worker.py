@@ -333,7 +333,7 @@ class WorkerService(Service):
             lease, timeout, manual = job.lease_seconds, None, False
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
-                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
+                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias, claim=job)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
                         deadline=now + timeout if timeout else None, next_renewal=now + lease / 3)

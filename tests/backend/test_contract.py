@@ -132,7 +132,13 @@ def test_success_stores_the_return_value_and_the_attempt():
 def test_get_result_while_running():
     fw_tasks.RUNNING.clear()
     fw_tasks.RELEASE.clear()
+    started = []
+
+    def on_started(sender, task_result, **kwargs):
+        started.append(task_result)
+
     result = fw_tasks.hold.enqueue()
+    task_started.connect(on_started)
     worker = threading.Thread(target=drain)
     worker.start()
     try:
@@ -144,8 +150,17 @@ def test_get_result_while_running():
         with pytest.raises(ValueError, match="not finished"):
             _ = running.return_value
     finally:
+        task_started.disconnect(on_started)
         fw_tasks.RELEASE.set()
         worker.join(30)
+    # task_started of a first attempt is built from the claim, without reading the row: it must
+    # equal the row as read while running.
+    fields = ("id", "status", "enqueued_at", "started_at", "last_attempted_at", "finished_at", "args", "kwargs",
+              "backend", "errors", "worker_ids")
+    (signalled,) = started
+    assert [getattr(signalled, f) for f in fields] == [getattr(running, f) for f in fields]
+    assert (signalled.task.queue_name, signalled.task.priority, signalled.task.run_after) == \
+        (running.task.queue_name, running.task.priority, running.task.run_after)
     assert fw_tasks.hold.get_result(result.id).return_value == "released"
 
 
@@ -203,14 +218,20 @@ def test_priority_order():
 
 @pytest.mark.usefixtures("committed_db")
 def test_signals_are_sent_in_order():
-    seen: list[tuple[str, str, str, int]] = []
+    seen: list[tuple] = []
+    signalled_errors: dict[str, list[tuple[str, str]]] = {}
     lock = threading.Lock()
 
     def receiver(name):
         def record(sender, task_result, **kwargs):
             assert sender is LeaseQueueBackend
+            value = task_result.return_value if task_result.status == SUCCESSFUL else None
             with lock:
-                seen.append((task_result.id, name, str(task_result.status), task_result.attempts))
+                seen.append((task_result.id, name, str(task_result.status), task_result.attempts,
+                             len(task_result.errors), task_result.finished_at is not None, value))
+                if name == "finished" and task_result.status == FAILED:
+                    signalled_errors[task_result.id] = [(e.exception_class_path, e.traceback)
+                                                        for e in task_result.errors]
         return record
 
     receivers = {name: receiver(name) for name in ("enqueued", "started", "finished")}
@@ -226,13 +247,21 @@ def test_signals_are_sent_in_order():
         task_started.disconnect(receivers["started"])
         task_finished.disconnect(receivers["finished"])
     by_job = {rid: [s[1:] for s in seen if s[0] == rid] for rid in (ok.id, bad.id)}
-    assert by_job[ok.id] == [("enqueued", "READY", 0), ("started", "RUNNING", 1), ("finished", "SUCCESSFUL", 1)]
+    # (signal, status, attempts, errors, finished_at set, return value)
+    assert by_job[ok.id] == [
+        ("enqueued", "READY", 0, 0, False, None),
+        ("started", "RUNNING", 1, 0, False, None),
+        ("finished", "SUCCESSFUL", 1, 0, True, 3),
+    ]
     # A retried attempt finishes READY (a retry is scheduled); the last one FAILED.
     assert by_job[bad.id] == [
-        ("enqueued", "READY", 0),
-        ("started", "RUNNING", 1), ("finished", "READY", 1),
-        ("started", "RUNNING", 2), ("finished", "FAILED", 2),
+        ("enqueued", "READY", 0, 0, False, None),
+        ("started", "RUNNING", 1, 0, False, None), ("finished", "READY", 1, 1, False, None),
+        ("started", "RUNNING", 2, 1, False, None), ("finished", "FAILED", 2, 2, True, None),
     ]
+    # The signal's errors are the ones stored (built by the same function, without a query).
+    stored = fw_tasks.fail_always.get_result(bad.id).errors
+    assert signalled_errors[bad.id] == [(e.exception_class_path, e.traceback) for e in stored]
 
 
 @pytest.mark.usefixtures("committed_db")

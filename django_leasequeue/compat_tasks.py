@@ -54,6 +54,7 @@ except ImportError:
             task,
             task_backends,
         )
+        from django_tasks import checks as _checks  # noqa: F401  (registers the framework's system check)
         from django_tasks import exceptions as _exceptions
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskError

@@ -229,3 +229,17 @@ def test_reaped_attempt_reports_lease_expired_and_finishes_ready():
     (error,) = again.errors
     assert error.exception_class is LeaseExpired
     assert "lease expired" in error.traceback
+
+
+def test_manage_py_check_reports_a_misconfigured_backend():
+    # In a fresh process nothing has imported the tasks framework yet; our AppConfig must load it
+    # so that its system check (which calls LeaseQueueBackend.check()) runs at all.
+    import subprocess
+
+    from ..conftest import MANAGE, ROOT
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "testproject")])}
+    proc = subprocess.run([sys.executable, str(MANAGE), "check", "--settings", "tests.backend.misconfigured_settings"],
+                          cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "leasequeue.E102" in proc.stderr and "did you mean 'MAX_ATTEMPTS'?" in proc.stderr

@@ -170,4 +170,7 @@ def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         load_settings_schedules()
     except ConfigurationError as exc:
         return [checks.Error(str(exc), id="leasequeue.E003")]
+    except Exception as exc:  # validating task names imports the apps' task modules; they may fail
+        return [checks.Error(f"importing the task modules failed: {exc!r}", id="leasequeue.E004",
+                             hint="Workers import every installed app's tasks.py/jobs.py and LEASEQUEUE['IMPORTS'].")]
     return []

@@ -130,18 +130,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
 
     def register(fn: Callable[..., Any]) -> Task:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-            raise ConfigurationError(f"task {task_name!r}: priority {priority} is outside -100..100")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"task {task_name!r}: max_attempts must be >= 1")
-        if lease is not None and lease <= 0:
-            raise ConfigurationError(f"task {task_name!r}: lease must be > 0 seconds")
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"task {task_name!r}: timeout must be > 0 seconds")
-        if (concurrency_key is None) != (concurrency_limit is None):
-            raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
-        if concurrency_limit is not None and concurrency_limit < 1:
-            raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
+        check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease, timeout=timeout,
+                           concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         spec = Task(func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts,
                     backoff=backoff, lease=lease, timeout=timeout, takes_context=takes_context,
                     manual_heartbeat=manual_heartbeat, concurrency_key=concurrency_key,
@@ -150,6 +140,40 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         return spec
 
     return register(func) if func is not None else register
+
+
+def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int | None = None,
+                       lease: float | None = None, timeout: float | None = None, backoff: Any = None,
+                       concurrency_key: Any = None, concurrency_limit: int | None = None) -> None:
+    """Validate a task's options (shared by :func:`task` and the Django tasks backend).
+
+    Args:
+        task_name: used in the messages.
+        priority: int, -100..100. max_attempts: int >= 1 or None. lease, timeout: seconds > 0 or
+            None. backoff: anything :func:`retry.as_backoff` accepts, or None.
+
+    Raises:
+        ConfigurationError: naming the task and the bad option.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or max_attempts < 1):
+        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int >= 1, got {max_attempts!r}")
+    for option, value in (("lease", lease), ("timeout", timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
+    if backoff is not None:
+        from .retry import Backoff, as_backoff
+
+        try:
+            as_backoff(backoff, Backoff())
+        except TypeError as exc:
+            raise ConfigurationError(f"task {task_name!r}: {exc}")
+    if (concurrency_key is None) != (concurrency_limit is None):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
+    if concurrency_limit is not None and concurrency_limit < 1:
+        raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
 
 
 def register_task(spec: Task) -> None:
@@ -407,11 +431,19 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
                     unique_scope=unique_scope, max_attempts=max_attempts)
-    return _insert_one(new)
+    return insert_job(new)[0]
 
 
-def _insert_one(new: Any) -> Job:
-    """Insert one validated :class:`store.NewJob`, or return the job already holding its unique key."""
+def insert_job(new: Any) -> tuple[Job, bool]:
+    """Insert one job built by :func:`build_job` in the caller's transaction.
+
+    Returns:
+        ``(job, created)``: the new job and True, or the job already holding ``new.unique_key``
+        and False (then nothing was written and no ``enqueued`` event is sent).
+
+    Raises:
+        EnqueueError: the unique key kept changing hands (released and retaken) five times.
+    """
     from . import signals, store
 
     settings = get_settings()
@@ -423,10 +455,10 @@ def _insert_one(new: Any) -> Job:
         if rows:
             job = rows[0]
             signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
-            return job
+            return job, True
         existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
         if existing is not None:
-            return existing
+            return existing, False
     raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
 
 
@@ -478,7 +510,7 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
 
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, **options)  # validate and snapshot the arguments now
-    transaction.on_commit(lambda: _insert_one(new), using=store.db_alias())
+    transaction.on_commit(lambda: insert_job(new), using=store.db_alias())
 
 
 def json_dumps_result(value: Any) -> str:

@@ -166,22 +166,24 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     with _cursor(alias) as cur:
         cur.execute(JOB_INSERT, params)
         rows = cur.fetchall()
-    return [_job_from_row(alias, row) for row in rows]
+    return _jobs_from_rows(rows, alias)
 
 
-def _job_from_row(alias: str, row: Sequence[Any]) -> Job:
-    """Build a :class:`Job` from a ``RETURNING`` row of every concrete column, in model order.
-
-    ``Model.from_db`` does not run the fields' database converters (the ORM's compiler does), so
-    they are applied here: without them the JSON fields (args, kwargs, errors, history, result)
-    of a job returned by ``enqueue()`` would be raw JSON text instead of Python values.
-    """
+def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
+    """Build Job instances from raw rows in ``_JOB_COLUMNS`` order, through the fields' own
+    ``from_db_value`` converters (a raw cursor returns JSON columns as text, as Django's
+    PostgreSQL backend leaves jsonb decoding to JSONField)."""
+    fields = Job._meta.concrete_fields
+    names = [f.attname for f in fields]
     connection = connections[alias]
-    values = [
-        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
-        for field, value in zip(Job._meta.concrete_fields, row, strict=False)
-    ]
-    return Job.from_db(alias, [f.attname for f in Job._meta.concrete_fields], values)
+    converters = [(i, f.from_db_value) for i, f in enumerate(fields) if hasattr(f, "from_db_value")]
+    jobs = []
+    for row in rows:
+        values = list(row[: len(names)])
+        for i, convert in converters:
+            values[i] = convert(values[i], None, connection)
+        jobs.append(Job.from_db(alias, names, values))
+    return jobs
 
 
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:
@@ -213,11 +215,17 @@ class ClaimedJob:
     lease_seconds: float
     claimed_at: datetime
     priority: int = 0
+    # For the Django tasks backend, which reports them at the start of each attempt: enqueue time,
+    # first claim time, and the number of failed attempts recorded so far.
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    error_count: int = 0
 
 
 _CLAIM_RETURNING = """
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
-          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority
+          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority,
+          j.created_at, j.started_at, jsonb_array_length(j.errors)
 """
 
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
@@ -307,7 +315,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     return [
         ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
                    max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
-                   claimed_at=r[10], priority=r[11])
+                   claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
         for r in rows
     ]
 
@@ -981,3 +989,40 @@ def schedule_sync_settings(definitions: Sequence[ScheduleDefinition], *, now: da
         disabled=disabled,
         taken_over=sorted(n for n in written if existing.get(n, "settings") != "settings"),
     )
+# ---- django tasks backend ----
+
+# Store the return value of a job that its handler already completed inside fenced_atomic(): the
+# value is known only after that block committed the job as done (with a null result). Fenced on
+# the token and on 'done', so it can only fill in the result of the attempt that completed the job;
+# a replayed job (ready again, and later done under a newer token) is never overwritten.
+JOB_SET_RESULT = f"""
+UPDATE {JOB_TABLE} SET result = %(result)s::jsonb
+WHERE id = %(id)s AND lease_version = %(version)s AND status = 'done'
+"""
+
+
+def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | None = None) -> bool:
+    """Record ``result_json`` (JSON text) as the result of a job done under token ``version``.
+
+    Returns:
+        True when written; False when the job is not done under that token (nothing written).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
+        return cur.rowcount == 1
+
+
+# Read one job by primary key (no lock): the tasks backend's get_result and the start of each
+# framework-task attempt. Plain SQL rather than the ORM because the query compiler, not the
+# database, was most of the cost of an attempt.
+JOB_GET = f"SELECT {', '.join(_JOB_COLUMNS)} FROM {JOB_TABLE} WHERE id = %(id)s"
+
+
+def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
+    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None."""
+    alias = alias or db_alias()
+    with _cursor(alias) as cur:
+        cur.execute(JOB_GET, {"id": job_id})
+        rows = cur.fetchall()
+    jobs = _jobs_from_rows(rows, alias)
+    return jobs[0] if jobs else None

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from . import reaper, registry, signals, store
 from .conf import Settings, get_settings
@@ -248,15 +248,20 @@ class WorkerService(Service):
         thread.start()
 
     def _thread_main(self) -> None:
-        while True:
-            job = self._tasks.get()
-            if job is None:
-                return
-            self._run_job(job)
-            with self._lock:
-                if self._spare_threads > 0:
-                    self._spare_threads -= 1
+        try:
+            while True:
+                job = self._tasks.get()
+                if job is None:
                     return
+                self._run_job(job)
+                with self._lock:
+                    if self._spare_threads > 0:
+                        self._spare_threads -= 1
+                        return
+        finally:
+            # This thread's connections would otherwise stay open until the process exits (an
+            # in-process worker, e.g. in tests, then keeps sessions on the database after it stopped).
+            connections.close_all()
 
     def _run_job(self, job: store.ClaimedJob) -> None:
         with self._lock:
@@ -346,7 +351,7 @@ class WorkerService(Service):
         renew_every = min(self.settings.heartbeat_interval, lease / 3)
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
-                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
+                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias, claim=job)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
                         deadline=now + timeout if timeout else None, next_renewal=now + renew_every,

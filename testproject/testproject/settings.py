@@ -7,6 +7,8 @@ PGUSER (postgres), PGPASSWORD (empty).
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "leasequeue-test-project-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
@@ -23,6 +25,9 @@ INSTALLED_APPS = [
     "invoices",
     "qa",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 LTS: Django's tasks framework comes from the django-tasks backport.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -81,6 +86,17 @@ LEASEQUEUE = {
     "BACKOFF_MAX": 60,
     # Bearer token for /leasequeue/metrics (None: staff sessions only).
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
+    # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
+    "IMPORTS": ["invoices.framework_tasks"],
+}
+
+# Django's tasks framework (django.tasks, or the django_tasks backport on 5.2) runs on our workers.
+TASKS = {
+    "default": {
+        "BACKEND": "django_leasequeue.backends.LeaseQueueBackend",
+        "QUEUES": ["default", "invoices"],
+        "OPTIONS": {"MAX_ATTEMPTS": 5, "BACKOFF": {"base": 1, "max": 60}},
+    }
 }
 
 # Recurring schedules (docs/schedules.md), synced into the schedule table when a scheduler starts

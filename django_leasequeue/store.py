@@ -19,6 +19,10 @@ Rules every statement follows (DESIGN.md section 3):
   LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
   ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
   subquery into a nested loop that updates more rows than asked for (Oban #652).
+* **Flow control is part of the claim** (docs/flow-control.md): every eligibility rule (due,
+  ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
+  inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
+  then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
 """
 
 from __future__ import annotations
@@ -358,15 +362,17 @@ _RATE_LATERAL = f"""
 # Lease the picked rows, append this claim to each rated queue's log, report throttled queues.
 _RATE_TAIL = f"""
 claimed AS (
+    -- id = ANY(ARRAY(...)): inside a CTE the planner otherwise hash-joins picked against a
+    -- sequential scan of the whole job table; this probes the primary key per picked id.
     UPDATE {JOB_TABLE} j
     {_CLAIM_SET}
-    FROM picked, clock
-    WHERE j.id = picked.id
+    FROM clock
+    WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
     RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
               j.leased_until, coalesce(j.lease_seconds, %(lease)s) AS lease_seconds, clock.now AS claimed_at,
               j.priority
 ),
-counts AS (
+counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
            (SELECT count(*) FROM claimed WHERE claimed.queue = q.name)::int AS k
     FROM q, clock
@@ -1074,7 +1080,8 @@ def queue_throttled_totals(*, alias: str | None = None) -> dict[str, int]:
 
 # Due ready jobs held back by their concurrency key (the key has concurrency_limit or more jobs
 # leased), grouped per queue and key. Reads the ready rows that have a key and one index probe per
-# key on leasequeue_job_conc_leased; meant for monitoring every few seconds, not for claiming.
+# key on leasequeue_job_conc_admit (see migration 0002 for the COLLATE "C" spelling); meant for
+# monitoring every few seconds, not for claiming.
 FLOW_KEYS_WAITING = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 waiting AS (
@@ -1086,7 +1093,8 @@ waiting AS (
 SELECT w.queue, w.key, w.lim, w.due, l.leased
 FROM waiting w
 CROSS JOIN LATERAL (
-    SELECT count(*) AS leased FROM {JOB_TABLE} x WHERE x.concurrency_key = w.key AND x.status = 'leased'
+    SELECT count(*) AS leased FROM {JOB_TABLE} x
+    WHERE x.concurrency_key = w.key AND (x.status COLLATE "C") = 'leased' AND x.concurrency_key IS NOT NULL
 ) AS l
 WHERE l.leased >= w.lim
 ORDER BY w.due DESC, w.queue, w.key

@@ -8,6 +8,7 @@ validation). The cache is cleared on Django's ``setting_changed`` so ``override_
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
@@ -80,6 +81,61 @@ def to_seconds(value: float | int | timedelta | None, name: str) -> float | None
     return float(value)
 
 
+# Per-queue options accepted in ``LEASEQUEUE["QUEUES"][name]``.
+QUEUE_OPTIONS = {"rate_limit"}
+
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` claims from a queue in any window of ``per`` seconds, across all workers.
+
+    Attributes:
+        limit (int): claims allowed per window (>= 1).
+        per (float): window length in seconds (1, 60 or 3600).
+    """
+
+    limit: int
+    per: float
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(self.per, f"{self.per}s")
+        return f"{self.limit}/{unit}"
+
+
+def parse_rate(value: Any, where: str = "rate_limit") -> RateLimit:
+    """Parse a rate limit such as ``"100/m"`` (``N/s``, ``N/m`` or ``N/h``) into a :class:`RateLimit`.
+
+    Raises:
+        ConfigurationError: the value is not a string ``N/s|m|h`` with N >= 1, naming ``where``.
+    """
+    match = _RATE_RE.match(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ConfigurationError(
+            f"{where} must be a string 'N/s', 'N/m' or 'N/h' with N >= 1 (claims per second, minute or hour), "
+            f"got {value!r}"
+        )
+    return RateLimit(limit=int(match.group(1)), per=_RATE_UNITS[match.group(2)])
+
+
+def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
+    """Validate per-queue options (did-you-mean on unknown keys); return the rate limits by queue."""
+    rates: dict[str, RateLimit] = {}
+    for name, options in queues.items():
+        unknown = sorted(set(options) - QUEUE_OPTIONS)
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, QUEUE_OPTIONS, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ConfigurationError(f"Unknown option(s) for LEASEQUEUE['QUEUES'][{name!r}]: " + ", ".join(hints))
+        if options.get("rate_limit") is not None:
+            rates[name] = parse_rate(options["rate_limit"], f"LEASEQUEUE['QUEUES'][{name!r}]['rate_limit']")
+    return rates
+
+
 @dataclass(frozen=True)
 class Settings:
     """The validated ``LEASEQUEUE`` setting. Durations are float seconds."""
@@ -107,6 +163,8 @@ class Settings:
     metrics_allow_staff: bool = True
     process_alive_within: float = 30.0
     process_prune_after: float = 300.0
+    # Queue name -> RateLimit, parsed from QUEUES[name]["rate_limit"].
+    rate_limits: dict[str, RateLimit] = field(default_factory=dict)
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -156,10 +214,17 @@ def build(raw: dict[str, Any] | None) -> Settings:
         if isinstance(queues, (list, tuple, set, frozenset)):
             queues = {str(q): {} for q in queues}
         elif isinstance(queues, dict):
+            for name, cfg in queues.items():
+                if cfg is not None and not isinstance(cfg, dict):
+                    raise ConfigurationError(
+                        f"LEASEQUEUE['QUEUES'][{name!r}] must be a dict of options such as "
+                        f"{{'rate_limit': '100/m'}}, got {cfg!r}"
+                    )
             queues = {str(q): dict(cfg or {}) for q, cfg in queues.items()}
         else:
             raise ConfigurationError("LEASEQUEUE['QUEUES'] must be None, a list of names or a dict")
     monitoring = _build_monitoring(merged)
+    rate_limits = _queue_options(queues) if queues else {}
     return Settings(
         lease=lease,
         heartbeat_interval=heartbeat,
@@ -180,6 +245,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         imports=tuple(merged["IMPORTS"]),
         max_snoozes=int(merged["MAX_SNOOZES"]),
         **monitoring,
+        rate_limits=rate_limits,
     )
 
 

@@ -105,15 +105,24 @@ class JobContext:
         writes roll back: the handler's rows and the job's completion commit together or not at
         all. Use it for the handler's final, business writes, on the job table's database.
 
+        A cancel request committed before the row lock is taken refuses the commit too
+        (:class:`JobCancelled`; the job then ends ``cancelled``); one made after it waits for this
+        transaction and finds the job done.
+
         Raises:
             LeaseLost: the token is stale; nothing inside the block was committed.
+            JobCancelled: an operator asked to cancel the job; nothing inside the block was committed.
         """
         from . import store
 
         with transaction.atomic(using=self.alias):
-            if not store.job_lock_fenced(self.job_id, self.lease_version, alias=self.alias):
+            state = store.job_lock_for_commit(self.job_id, self.lease_version, alias=self.alias)
+            if state == "lost":
                 self.mark_lease_lost()
                 raise LeaseLost(f"job {self.job_id}: lease {self.lease_version} was lost before commit")
+            if state == "cancel_requested":
+                self.mark_cancel_requested()
+                raise JobCancelled(f"job {self.job_id} was cancelled; its work was not committed")
             yield
             done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
             if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does

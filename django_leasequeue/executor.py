@@ -8,7 +8,8 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
   ``MemoryError`` ...) -> a failed attempt: retry after backoff, or ``dead`` when attempts are
   exhausted; a non-JSON return value is a failed attempt too (case C25);
 * ``Snooze(seconds)`` raised or returned -> ``ready`` again later, not a failure;
-* ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``;
+* ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``; once a cancel was requested,
+  any other outcome ends ``cancelled`` too (the store refuses to mark such a job done or retry it);
 * ``LeaseLost`` or a refused write -> nothing is written; the outcome is discarded;
 * unknown task name -> ``dead`` at once with the reason; nothing is imported.
 """
@@ -179,7 +180,9 @@ class Executor:
             report_lease_lost(ctx, write="fail", fields=fields)
             return "lease_lost"
         status, run_at = outcome
-        if status == "dead":
+        if status == "cancelled":  # a cancel was requested while the handler ran
+            signals.emit("cancelled", error=error["type"], **fields)
+        elif status == "dead":
             signals.emit("dead_lettered", error=error["type"], message=error["message"], **fields)
         else:
             signals.emit("retried", error=error["type"], run_at=run_at, **fields)
@@ -192,7 +195,8 @@ class Executor:
         if outcome is None:
             report_lease_lost(ctx, write="snooze", fields=fields)
             return "lease_lost"
-        signals.emit("snoozed" if outcome == "ready" else "dead_lettered", seconds=seconds, **fields)
+        event = {"ready": "snoozed", "cancelled": "cancelled"}.get(outcome, "dead_lettered")
+        signals.emit(event, seconds=seconds, **fields)
         return "snoozed" if outcome == "ready" else outcome
 
     def _cancelled(self, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any]) -> str:

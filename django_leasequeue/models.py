@@ -318,13 +318,23 @@ def _latest(a, b):
 
 
 class QueueState(models.Model):
-    """Operator state of a queue: paused or not, and rate-limit bookkeeping."""
+    """Operator state of a queue: paused or not, and rate-limit bookkeeping.
+
+    Rows are created on first use (pause, or the first claim from a rate-limited queue). The
+    rate-limit log (``rate_log``) is written only by ``store.job_claim`` while
+    it holds this row's lock; see docs/flow-control.md.
+    """
 
     name = models.CharField(max_length=100, primary_key=True)
     paused = models.BooleanField(default=False)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
+    rate_log = models.JSONField(
+        default=list, blank=True,
+        help_text="[[claim time as epoch seconds (database clock), jobs claimed], ...] inside the rate window",
+    )
+    throttled_total = models.BigIntegerField(default=0, help_text="claims cut short by the queue's rate limit")
 
     class Meta:
         db_table = "leasequeue_queue"

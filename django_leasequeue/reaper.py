@@ -9,7 +9,7 @@ Runs inside every worker (``WorkerService`` calls :func:`reap_once` every ``REAP
 as ``manage.py runreaper``. Any number may run at once: the statement uses ``SKIP LOCKED`` and a
 compare-and-set on the expired lease, so two reapers never take back the same lease twice.
 
-Events emitted: lease_expired, dead_lettered.
+Events emitted: lease_expired, dead_lettered, cancelled.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: i
             signals.emit("lease_expired", status=row.status, **fields)
             if row.status == "dead":
                 signals.emit("dead_lettered", error="LeaseExpired", message="lease expired", **fields)
+            elif row.status == "cancelled":  # a cancel was requested and the worker died first
+                signals.emit("cancelled", **fields)
         if len(rows) < batch:
             return reaped
 

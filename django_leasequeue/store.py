@@ -19,22 +19,28 @@ Rules every statement follows (DESIGN.md section 3):
   LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
   ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
   subquery into a nested loop that updates more rows than asked for (Oban #652).
+* **Flow control is part of the claim** (docs/flow-control.md): every eligibility rule (due,
+  ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
+  inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
+  then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 
-from .models import Job, Schedule, WorkerProcess
+from .models import Job, QueueState, Schedule, WorkerProcess
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
+QUEUE_TABLE = QueueState._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 
 # The statement clock, optionally overridden by the caller (tests pass an aware datetime).
@@ -228,21 +234,55 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           j.created_at, j.started_at, jsonb_array_length(j.errors)
 """
 
+# Per-key concurrency limits (docs/flow-control.md). A candidate with a concurrency key is
+# admitted only if fewer than its concurrency_limit jobs of that key are leased, counting the
+# ones this statement already admitted; leasequeue_conc_admit() (migration 0002) serialises the
+# claimers of one key with a transaction-scoped advisory lock and counts on a fresh snapshot, so
+# two workers claiming at the same instant cannot both take the last slot. The predicate sits in
+# the locked candidate scan, before FOR UPDATE SKIP LOCKED and LIMIT (the Oban #1498 lesson): an
+# over-limit job is never locked, never counts against the batch, and the scan keeps looking for
+# other keys and keyless jobs behind it. Keyless jobs stop at the IS NULL test: no function call.
+# %(claim)s is a fresh id per claim call, so admissions from an earlier claim in the same
+# transaction are not counted twice. Keys the function found full or busy during this claim are
+# listed in the setting leasequeue.conc_closed (prefixed by the claim id), and their rows are
+# rejected by the inline strpos() before any function call: the look-ahead past a full key's
+# backlog costs about as much as reading the rows (~0.3 us each), not a plpgsql call per row.
+_CONC_ADMIT = """
+          AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.conc_closed', true),
+                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
+                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))"""
+
+_CLAIM_SET = """
+SET status = 'leased',
+    attempts = j.attempts + 1,
+    lease_version = j.lease_version + 1,
+    leased_until = clock.now + make_interval(secs => coalesce(j.lease_seconds, %(lease)s)),
+    leased_by = %(worker)s,
+    started_at = coalesce(j.started_at, clock.now),
+    attempted_at = clock.now
+"""
+
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
 # so each walks the partial index leasequeue_job_ready (queue, priority DESC, run_at, id) in order
 # and stops after LIMIT rows; the outer ORDER BY/LIMIT merges the queues. A queue's surplus rows are
-# locked only until this statement commits. Paused queues are filtered out before any row is read.
+# locked only until this statement commits. Paused queues are filtered out before any row is read:
+# the queue list is its own MATERIALIZED CTE, because as a plain subquery the planner may apply the
+# paused anti-join above the LATERAL, after rows of a paused queue were already locked.
 JOB_CLAIM = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
+q AS MATERIALIZED (
+    SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+    WHERE NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = u.name AND p.paused)
+),
 picked AS MATERIALIZED (
     SELECT c.id
-    FROM clock,
-         (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
-          WHERE NOT EXISTS (SELECT 1 FROM leasequeue_queue p WHERE p.name = u.name AND p.paused)) AS q
+    FROM clock, q
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
-        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
+        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_CONC_ADMIT}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -251,13 +291,7 @@ picked AS MATERIALIZED (
     LIMIT %(limit)s
 )
 UPDATE {JOB_TABLE} j
-SET status = 'leased',
-    attempts = j.attempts + 1,
-    lease_version = j.lease_version + 1,
-    leased_until = clock.now + make_interval(secs => coalesce(j.lease_seconds, %(lease)s)),
-    leased_by = %(worker)s,
-    started_at = coalesce(j.started_at, clock.now),
-    attempted_at = clock.now
+{_CLAIM_SET}
 FROM picked, clock
 WHERE j.id = picked.id
 {_CLAIM_RETURNING}
@@ -271,28 +305,219 @@ picked AS MATERIALIZED (
     SELECT j.id
     FROM {JOB_TABLE} j, clock
     WHERE j.status = 'ready' AND j.run_at <= clock.now
-      AND NOT EXISTS (SELECT 1 FROM leasequeue_queue p WHERE p.name = j.queue AND p.paused)
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_CONC_ADMIT}
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {JOB_TABLE} j
-SET status = 'leased',
-    attempts = j.attempts + 1,
-    lease_version = j.lease_version + 1,
-    leased_until = clock.now + make_interval(secs => coalesce(j.lease_seconds, %(lease)s)),
-    leased_by = %(worker)s,
-    started_at = coalesce(j.started_at, clock.now),
-    attempted_at = clock.now
+{_CLAIM_SET}
 FROM picked, clock
 WHERE j.id = picked.id
 {_CLAIM_RETURNING}
 """
 
+# ---- flow control: rate-limited claims ----
+#
+# Queue rate limits (LEASEQUEUE["QUEUES"][name]["rate_limit"] = "N/s|m|h"): at most N claims in
+# any window of that length, across all workers. The queue's leasequeue_queue row keeps a sliding
+# log of the claims inside the window, as [[epoch seconds, jobs], ...] (one entry per claim
+# statement, so at most N entries, usually far fewer). A rated claim is one short transaction:
+#
+# 1. RATE_LOCK locks the rows of the rate-limited queues it claims from (FOR UPDATE, in name
+#    order, so claimers never deadlock). Claimers of one rate-limited queue run one at a time;
+#    claims on other queues are not affected.
+# 2. JOB_CLAIM_RATED then starts, so its snapshot and its clock are both taken after the lock:
+#    it sees the log as the previous holder committed it, and claim times are increasing in lock
+#    order. Each queue may take allow = min(limit, N - jobs claimed in [now - window, now]); that
+#    allowance is the LIMIT of the queue's locked candidate scan, so no row beyond it is locked.
+#    The same statement appends its own claims to the log and drops entries older than the window
+#    (the window is closed: a claim exactly `window` seconds after another still counts it).
+#    Entries falling in the same 1/RATE_LOG_BUCKETS of the window are merged under the latest of
+#    their times, so the log never holds more than about RATE_LOG_BUCKETS + 1 entries however many
+#    claims a window sees. Merging only moves claim times later, so a claim is counted for at
+#    least as long as the window says (never an extra claim); the price is that a slot frees up
+#    to window/RATE_LOG_BUCKETS late (10 ms for "N/s", 0.6 s for "N/m", 36 s for "N/h").
+#
+# Why a log row and not count(attempted_at) over the jobs: a retried or snoozed job's earlier claim
+# would vanish when attempted_at is overwritten (so the count would undercount and let bursts
+# through), and an index on (queue, attempted_at) would take a new entry on every state change of
+# every job, rate-limited or not, and would need the same per-queue lock anyway. The log row costs
+# only rate-limited queues: one small HOT update of a row no index covers the changed columns of.
+#
+# The statement returns, for a queue whose allowance is used up, the seconds until its oldest
+# logged claim leaves the window, so the worker waits exactly that long instead of polling.
+
+# The rate log keeps at most about this many entries per queue (see above).
+RATE_LOG_BUCKETS = 100
+
+RATE_LOCK = f"""
+SELECT name FROM {QUEUE_TABLE} WHERE name = ANY(%(names)s::text[]) ORDER BY name FOR UPDATE
+"""
+
+RATE_ROWS_CREATE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+INSERT INTO {QUEUE_TABLE} (name, paused, paused_at, paused_by, updated_at, rate_log, throttled_total)
+SELECT u.name, false, NULL, '', clock.now, '[]'::jsonb, 0 FROM clock, unnest(%(names)s::text[]) AS u(name)
+ON CONFLICT (name) DO NOTHING
+"""
+
+# Per-queue allowance, from the locked rate row (queues without a rate limit: the whole batch).
+_RATE_QUEUES = f"""
+q AS MATERIALIZED (
+    SELECT u.name, u.rate_n, u.rate_secs,
+           CASE WHEN u.rate_n IS NULL THEN %(limit)s
+                ELSE greatest(0, least(%(limit)s, u.rate_n - coalesce((
+                    SELECT sum((e->>1)::int) FROM jsonb_array_elements(s.rate_log) AS e
+                    WHERE (e->>0)::numeric >= extract(epoch FROM clock.now) - u.rate_secs::numeric), 0)))::int
+           END AS allow
+    FROM clock,
+         unnest(%(queues)s::text[], %(rate_n)s::int[], %(rate_secs)s::float8[]) AS u(name, rate_n, rate_secs)
+         LEFT JOIN {QUEUE_TABLE} s ON s.name = u.name
+    WHERE NOT coalesce(s.paused, false)
+)"""
+
+# One queue's locked candidates, at most its allowance.
+_RATE_LATERAL = f"""
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {JOB_TABLE} j
+        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_CONC_ADMIT}
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT q.allow
+        FOR UPDATE SKIP LOCKED
+    ) AS c"""
+
+# Lease the picked rows, append this claim to each rated queue's log, report throttled queues.
+_RATE_TAIL = f"""
+claimed AS (
+    -- id = ANY(ARRAY(...)): inside a CTE the planner otherwise hash-joins picked against a
+    -- sequential scan of the whole job table; this probes the primary key per picked id.
+    UPDATE {JOB_TABLE} j
+    {_CLAIM_SET}
+    FROM clock
+    WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
+    RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
+              j.leased_until, coalesce(j.lease_seconds, %(lease)s) AS lease_seconds, clock.now AS claimed_at,
+              j.priority, j.created_at, j.started_at, jsonb_array_length(j.errors) AS error_count
+),
+counts AS MATERIALIZED (
+    SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
+           (SELECT count(*) FROM claimed WHERE claimed.queue = q.name)::int AS k
+    FROM q, clock
+    WHERE q.rate_n IS NOT NULL
+),
+logged AS (
+    UPDATE {QUEUE_TABLE} s
+    SET rate_log = (
+            SELECT coalesce(jsonb_agg(jsonb_build_array(b.t, b.c) ORDER BY b.t), '[]'::jsonb)
+            FROM (
+                SELECT max(x.t) AS t, sum(x.c)::int AS c
+                FROM (
+                    SELECT (e->>0)::numeric AS t, (e->>1)::int AS c FROM jsonb_array_elements(s.rate_log) AS e
+                    WHERE (e->>0)::numeric >= d.now_s - d.rate_secs::numeric
+                    UNION ALL
+                    SELECT d.now_s, d.k WHERE d.k > 0
+                ) AS x
+                GROUP BY floor(x.t / (d.rate_secs::numeric / {RATE_LOG_BUCKETS}))
+            ) AS b),
+        throttled_total = s.throttled_total + CASE
+            WHEN d.allow < %(limit)s AND d.k >= d.allow AND EXISTS (
+                SELECT 1 FROM {JOB_TABLE} w, clock
+                WHERE w.status = 'ready' AND w.queue = d.name AND w.run_at <= clock.now OFFSET d.k LIMIT 1)
+            THEN 1 ELSE 0 END
+    FROM counts d
+    WHERE s.name = d.name
+    RETURNING s.name, d.rate_n, d.rate_secs, d.now_s, d.k, s.rate_log
+),
+waits AS (
+    -- Used up: seconds until the oldest logged claim leaves the window (then >= 1 job may go).
+    SELECT coalesce(jsonb_object_agg(l.name, greatest(0.0, (
+               SELECT min((e->>0)::numeric) FROM jsonb_array_elements(l.rate_log) AS e)
+               + l.rate_secs::numeric - l.now_s)), '{{}}'::jsonb) AS waits
+    FROM logged l
+    WHERE (SELECT coalesce(sum((e->>1)::int), 0) FROM jsonb_array_elements(l.rate_log) AS e) >= l.rate_n
+)
+SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until,
+       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, waits.waits
+FROM waits LEFT JOIN claimed c ON true
+"""
+
+# Claim from named queues when some of them are rate-limited (after RATE_LOCK, same transaction).
+JOB_CLAIM_RATED = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+{_RATE_QUEUES},
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM clock, q
+    {_RATE_LATERAL}
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+),
+{_RATE_TAIL}
+"""
+
+# Claim from every queue when some queues are rate-limited: the unlimited queues through the
+# any-queue scan, the rate-limited ones through their own allowance, merged in claim order.
+JOB_CLAIM_ANY_QUEUE_RATED = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+{_RATE_QUEUES},
+unrated AS MATERIALIZED (
+    SELECT j.id, j.priority, j.run_at
+    FROM {JOB_TABLE} j, clock
+    WHERE j.status = 'ready' AND j.run_at <= clock.now AND j.queue <> ALL(%(queues)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_CONC_ADMIT}
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+rated AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at
+    FROM clock, q
+    {_RATE_LATERAL}
+),
+picked AS MATERIALIZED (
+    SELECT p.id FROM (SELECT * FROM unrated UNION ALL SELECT * FROM rated) AS p
+    ORDER BY p.priority DESC, p.run_at, p.id
+    LIMIT %(limit)s
+),
+{_RATE_TAIL}
+"""
+
+
+class ClaimResult(list):
+    """The jobs leased by :func:`job_claim` (a list of :class:`ClaimedJob`), plus throttling news.
+
+    Attributes:
+        throttled (dict[str, float]): rate-limited queues whose allowance this claim used up, with
+            the seconds until one more claim is allowed (the oldest logged claim leaves the window).
+    """
+
+    def __init__(self, jobs: Iterable[ClaimedJob] = (), throttled: Mapping[str, float] | None = None) -> None:
+        super().__init__(jobs)
+        self.throttled: dict[str, float] = dict(throttled or {})
+
+    @property
+    def throttle_wait(self) -> float | None:
+        """Seconds until the first throttled queue may be claimed from again; None if none is throttled."""
+        return min(self.throttled.values()) if self.throttled else None
+
+
+def _claimed(r: Sequence[Any]) -> ClaimedJob:
+    return ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
+                      max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
+                      claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
+
 
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
-              now: datetime | None = None, alias: str | None = None) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due ready jobs in one statement.
+              now: datetime | None = None, alias: str | None = None,
+              rate_limits: Mapping[str, Any] | None = None) -> ClaimResult:
+    """Lease up to ``limit`` due ready jobs.
+
+    Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
+    paused, the job's concurrency key below its limit (across all workers), and the queue's rate
+    limit. Without rate-limited queues this is one statement; with them, one short transaction of
+    two statements (see ``RATE_LOCK``).
 
     Args:
         queues: queue names to claim from, or None for every queue.
@@ -300,24 +525,44 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         worker_id: recorded in ``leased_by`` (host:pid:name).
         lease: default lease length in seconds, for jobs without their own ``lease_seconds``.
         now: aware datetime to use instead of the database clock (tests).
+        rate_limits: queue name -> :class:`~django_leasequeue.conf.RateLimit`; None means
+            ``LEASEQUEUE["QUEUES"]`` rate limits. Every worker must use the same limits.
 
     Returns:
-        The claimed jobs, in claim order (priority descending, then run_at, then id).
+        A :class:`ClaimResult`: the claimed jobs in claim order (priority descending, then run_at,
+        then id), and the rate-limited queues this claim used up (``throttled``, ``throttle_wait``).
     """
     if limit <= 0:
-        return []
-    params = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
-              "queues": list(queues) if queues is not None else None}
-    sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
-    with _cursor(alias) as cur:
+        return ClaimResult()
+    if rate_limits is None:
+        from .conf import get_settings
+
+        rate_limits = get_settings().rate_limits
+    alias = alias or db_alias()
+    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
+                              "claim": uuid.uuid4().hex[:16],
+                              "queues": list(queues) if queues is not None else None}
+    rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
+    if not rated:
+        sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
+        with _cursor(alias) as cur:
+            cur.execute(sql, params)
+            return ClaimResult(_claimed(r) for r in cur.fetchall())
+    names = list(queues) if queues is not None else rated
+    params["queues"] = names
+    params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
+    params["rate_secs"] = [float(rate_limits[q].per) if q in rate_limits else None for q in names]
+    sql = JOB_CLAIM_RATED if queues is not None else JOB_CLAIM_ANY_QUEUE_RATED
+    with transaction.atomic(using=alias), _cursor(alias) as cur:
+        cur.execute(RATE_LOCK, {"names": rated})
+        if len(cur.fetchall()) < len(rated):
+            cur.execute(RATE_ROWS_CREATE, {"names": rated, "now": now})
+            cur.execute(RATE_LOCK, {"names": rated})
         cur.execute(sql, params)
         rows = cur.fetchall()
-    return [
-        ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
-                   max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
-                   claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
-        for r in rows
-    ]
+    waits = _load(rows[0][15]) if rows else {}
+    return ClaimResult((_claimed(r) for r in rows if r[0] is not None),
+                       throttled={k: float(v) for k, v in (waits or {}).items()})
 
 
 def _load(value: Any) -> Any:
@@ -365,39 +610,60 @@ def job_renew(leases: Iterable[tuple[int, int, float]], *, now: datetime | None 
 
 
 # Mark many jobs done in one fenced statement (per row: id, token and status must still match, so
-# a stale token updates nothing for that row while the others complete).
+# a stale token updates nothing for that row while the others complete). A job whose cancel was
+# requested while it ran ends ``cancelled`` instead, with no result: the operator's cancel wins
+# over a handler that ignored it, and no completion is recorded.
 JOB_COMPLETE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
-SET status = 'done', finished_at = clock.now, result = d.result::jsonb, leased_until = NULL
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+    finished_at = clock.now,
+    result = CASE WHEN j.cancel_requested THEN NULL ELSE d.result::jsonb END,
+    leased_until = NULL
 FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(results)s::text[]) AS d(id, version, result)
 WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
-RETURNING j.id
+RETURNING j.id, j.status
 """
 
 
+class Completed(set):
+    """The ids :func:`job_complete` marked ``done`` (a set of int).
+
+    Attributes:
+        cancelled (set[int]): ids that ended ``cancelled`` instead, because a cancel was requested
+            while their handler ran (the handler's result was discarded).
+    """
+
+    def __init__(self, done: Iterable[int] = (), cancelled: Iterable[int] = ()) -> None:
+        super().__init__(done)
+        self.cancelled: set[int] = set(cancelled)
+
+
 def job_complete(items: Iterable[tuple[int, int, str | None]], *, now: datetime | None = None,
-                 alias: str | None = None) -> set[int]:
+                 alias: str | None = None) -> Completed:
     """Mark jobs done, given ``(job id, lease_version, result JSON text or None)``.
 
     Returns:
-        The ids that were completed; the others had lost their lease and were left untouched.
+        A :class:`Completed` set of the ids marked done; ids in its ``cancelled`` attribute ended
+        ``cancelled`` (cancel requested); the others had lost their lease and were left untouched.
     """
     items = list(items)
     if not items:
-        return set()
+        return Completed()
     params = {"now": now, "ids": [x[0] for x in items], "versions": [x[1] for x in items],
               "results": [x[2] for x in items]}
     with _cursor(alias) as cur:
         cur.execute(JOB_COMPLETE, params)
-        return {r[0] for r in cur.fetchall()}
+        rows = cur.fetchall()
+    return Completed((r[0] for r in rows if r[1] == "done"), (r[0] for r in rows if r[1] == "cancelled"))
 
 
 # Lock the job row if, and only if, the caller still holds the lease. Used by fenced_atomic():
-# the row lock is held to the end of the caller's transaction, so no reaper, release or claim
-# can change the token between this check and the commit of the handler's own rows.
+# the row lock is held to the end of the caller's transaction, so no reaper, release, claim or
+# cancel request can change the row between this check and the commit of the handler's own rows.
+# FOR UPDATE returns the newest committed version, so a cancel request committed before is seen.
 JOB_LOCK_FENCED = f"""
-SELECT id FROM {JOB_TABLE}
+SELECT id, cancel_requested FROM {JOB_TABLE}
 WHERE id = %(id)s AND lease_version = %(version)s AND status = 'leased'
 FOR UPDATE
 """
@@ -409,22 +675,38 @@ def job_lock_fenced(job_id: int, version: int, *, alias: str | None = None) -> b
     Returns:
         True when the lease is held (the row stays locked until the transaction ends).
     """
+    return job_lock_for_commit(job_id, version, alias=alias) != "lost"
+
+
+def job_lock_for_commit(job_id: int, version: int, *, alias: str | None = None) -> str:
+    """Lock the job row inside the current transaction for a fenced completion.
+
+    Returns:
+        ``"held"`` (lease held, no cancel requested; the row stays locked until the transaction
+        ends), ``"cancel_requested"`` (lease held but an operator asked to cancel: the caller must
+        not commit its work) or ``"lost"`` (the token is stale).
+    """
     with _cursor(alias) as cur:
         cur.execute(JOB_LOCK_FENCED, {"id": job_id, "version": version})
-        return cur.fetchone() is not None
+        row = cur.fetchone()
+    if row is None:
+        return "lost"
+    return "cancel_requested" if row[1] else "held"
 
 
 # Record a failed attempt: retry after ``delay`` seconds (database time), or dead-letter the job
 # when its attempts are exhausted or no delay is given (a non-retryable failure). The error entry
-# gets the database time appended. Fenced like every other worker write.
+# gets the database time appended. Fenced like every other worker write. A job whose cancel was
+# requested while it ran ends ``cancelled`` (error kept): retrying it would defeat the cancel.
 JOB_FAIL = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
-SET status = CASE WHEN %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts
-                  THEN 'dead' ELSE 'ready' END,
-    run_at = CASE WHEN %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                  WHEN %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts THEN 'dead'
+                  ELSE 'ready' END,
+    run_at = CASE WHEN j.cancel_requested OR %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts
                   THEN j.run_at ELSE clock.now + make_interval(secs => %(delay)s::float8) END,
-    finished_at = CASE WHEN %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts
+    finished_at = CASE WHEN j.cancel_requested OR %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts
                        THEN clock.now ELSE NULL END,
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', clock.now))
@@ -443,7 +725,8 @@ def job_fail(job_id: int, version: int, error: dict[str, Any], *, retry_delay: f
         retry_delay: seconds until the retry, or None to dead-letter at once (non-retryable).
 
     Returns:
-        ``(new status, run_at)``, or None when the lease was lost (nothing was written).
+        ``(new status, run_at)`` (status ``ready``, ``dead``, or ``cancelled`` when a cancel was
+        requested), or None when the lease was lost (nothing was written).
     """
     params = {"now": now, "id": job_id, "version": version, "error": _dumps(error),
               "delay": None if retry_delay is None else float(retry_delay)}
@@ -455,17 +738,21 @@ def job_fail(job_id: int, version: int, error: dict[str, Any], *, retry_delay: f
 
 # Snooze: the handler asked to run again later. The job returns to ready at now + seconds and the
 # claim's attempt is given back (attempts - 1), so snoozes never exhaust max_attempts; the snoozes
-# counter caps runaway snoozing instead: past max_snoozes the job is dead-lettered.
+# counter caps runaway snoozing instead: the snooze that would exceed max_snoozes dead-letters the
+# job (a job may snooze max_snoozes times). A job whose cancel was requested ends cancelled.
 JOB_SNOOZE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
-SET status = CASE WHEN j.snoozes >= %(max_snoozes)s THEN 'dead' ELSE 'ready' END,
-    run_at = clock.now + make_interval(secs => %(seconds)s::float8),
-    finished_at = CASE WHEN j.snoozes >= %(max_snoozes)s THEN clock.now ELSE NULL END,
-    attempts = CASE WHEN j.snoozes >= %(max_snoozes)s THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
-    snoozes = j.snoozes + 1,
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                  WHEN j.snoozes >= %(max_snoozes)s THEN 'dead' ELSE 'ready' END,
+    run_at = CASE WHEN j.cancel_requested OR j.snoozes >= %(max_snoozes)s THEN j.run_at
+                  ELSE clock.now + make_interval(secs => %(seconds)s::float8) END,
+    finished_at = CASE WHEN j.cancel_requested OR j.snoozes >= %(max_snoozes)s THEN clock.now ELSE NULL END,
+    attempts = CASE WHEN j.cancel_requested OR j.snoozes >= %(max_snoozes)s THEN j.attempts
+                    ELSE greatest(j.attempts - 1, 0) END,
+    snoozes = CASE WHEN j.cancel_requested THEN j.snoozes ELSE j.snoozes + 1 END,
     leased_until = NULL,
-    errors = CASE WHEN j.snoozes >= %(max_snoozes)s
+    errors = CASE WHEN j.snoozes >= %(max_snoozes)s AND NOT j.cancel_requested
              THEN j.errors || jsonb_build_array(jsonb_build_object(
                  'attempt', j.attempts, 'type', 'SnoozeLimitExceeded',
                  'message', 'snoozed more than ' || %(max_snoozes)s || ' times', 'traceback', '',
@@ -482,7 +769,8 @@ def job_snooze(job_id: int, version: int, seconds: float, *, max_snoozes: int, n
     """Put a leased job back to ready in ``seconds`` without counting a failed attempt.
 
     Returns:
-        The new status (``ready``, or ``dead`` past ``max_snoozes``), or None if the lease was lost.
+        The new status (``ready``; ``dead`` past ``max_snoozes``; ``cancelled`` when a cancel was
+        requested), or None if the lease was lost.
     """
     with _cursor(alias) as cur:
         cur.execute(JOB_SNOOZE, {"now": now, "id": job_id, "version": version, "seconds": float(seconds),
@@ -511,11 +799,14 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
 
 
 # Give leases back without counting a failed attempt (graceful shutdown): the job is due at once
-# and its token is bumped so that a late write by the releasing worker is refused.
+# and its token is bumped so that a late write by the releasing worker is refused. A job whose
+# cancel was requested ends cancelled instead of running again.
 JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
-SET status = 'ready', run_at = clock.now, leased_until = NULL,
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
+    finished_at = CASE WHEN j.cancel_requested THEN clock.now ELSE NULL END,
+    run_at = clock.now, leased_until = NULL,
     attempts = greatest(j.attempts - 1, 0), lease_version = j.lease_version + 1,
     history = j.history || jsonb_build_array(jsonb_build_object(
         'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now))
@@ -544,7 +835,8 @@ def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shut
 # Return expired leases (leased_until passed, by database time) to ready, or to dead when the
 # attempts are exhausted, recording "lease expired" as the attempt's error and bumping the token.
 # SKIP LOCKED lets several reapers run at once; the re-check in the outer WHERE makes the update a
-# compare-and-set, so a worker that completed in between wins (River #1302).
+# compare-and-set, so a worker that completed in between wins (River #1302). A job whose cancel was
+# requested ends cancelled: its worker died before it could honour the request.
 JOB_REAP = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 expired AS MATERIALIZED (
@@ -555,9 +847,10 @@ expired AS MATERIALIZED (
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {JOB_TABLE} j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
     run_at = clock.now,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock.now ELSE NULL END,
+    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts THEN clock.now ELSE NULL END,
     lease_version = j.lease_version + 1,
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -584,7 +877,7 @@ class Reaped:
 
 def job_reap_expired(*, limit: int = 500, now: datetime | None = None,
                      alias: str | None = None) -> list[Reaped]:
-    """Take back up to ``limit`` expired leases; return what was reaped (status ready or dead)."""
+    """Take back up to ``limit`` expired leases; return what was reaped (status ready, dead or cancelled)."""
     with _cursor(alias) as cur:
         cur.execute(JOB_REAP, {"now": now, "limit": limit})
         return [Reaped(*r) for r in cur.fetchall()]
@@ -614,6 +907,281 @@ def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = No
     with _cursor(alias) as cur:
         cur.execute(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit})
         return cur.rowcount
+
+
+# ---------------------------------------------------------------------------------------------
+# ---- flow control: cancel requests, pause/resume, flow metrics ----
+# (Per-key concurrency limits and queue rate limits live in the claim statements above.)
+# ---------------------------------------------------------------------------------------------
+
+# Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job is
+# cancelled at once; a leased job gets cancel_requested, which its worker learns at the next
+# heartbeat (ctx.cancel_requested, ctx.check_cancel() raising JobCancelled), and which makes any
+# later completion, failure, snooze, release or reap of that lease end the job cancelled. Setting
+# the flag touches no indexed column, so on a leased row it is a HOT update. Rows are locked in id
+# order (the ORDER BY sits below FOR UPDATE) so two bulk cancels cannot deadlock each other; a
+# row held by a claim or a fenced_atomic() commit is waited for and re-checked after it commits.
+JOB_REQUEST_CANCEL = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+    ORDER BY j.id
+    FOR UPDATE
+),
+changed AS (
+    UPDATE {JOB_TABLE} j
+    SET status = CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE j.status END,
+        finished_at = CASE WHEN j.status = 'ready' THEN clock.now ELSE j.finished_at END,
+        cancel_requested = (j.status = 'leased'),
+        history = j.history || jsonb_build_array(jsonb_build_object(
+            'event', CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE 'cancel_requested' END,
+            'by', %(by)s::text, 'at', clock.now))
+    FROM target, clock
+    WHERE j.id = target.id AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+    RETURNING j.status
+)
+SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased') FROM changed
+"""
+
+
+@dataclass(frozen=True)
+class CancelCounts:
+    """Outcome of :func:`job_request_cancel`.
+
+    Attributes:
+        cancelled (int): ready jobs cancelled at once.
+        requested (int): leased jobs asked to stop (they end ``cancelled`` when their worker next
+            writes: check_cancel(), completion, failure, snooze, release or reap).
+        unchanged (int): ids already finished, already asked to stop, or unknown.
+    """
+
+    cancelled: int
+    requested: int
+    unchanged: int
+
+
+def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None = None,
+                       alias: str | None = None) -> CancelCounts:
+    """Cancel ready jobs now and ask leased jobs to stop, in one statement (10,000 ids are fine).
+
+    Args:
+        ids: job ids (duplicates are ignored).
+        by: who asked (recorded in each job's ``history``), e.g. the admin user name.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        :class:`CancelCounts`. Jobs already ``done``, ``dead`` or ``cancelled`` are left alone.
+    """
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return CancelCounts(0, 0, 0)
+    with _cursor(alias) as cur:
+        cur.execute(JOB_REQUEST_CANCEL, {"now": now, "ids": ids, "by": by})
+        cancelled, requested = cur.fetchone()
+    return CancelCounts(cancelled, requested, len(ids) - cancelled - requested)
+
+
+# Pause a queue: claims skip it from the next claim statement on (the claim reads
+# leasequeue_queue.paused in SQL, so no worker has to notice anything). Leased jobs run to the end.
+QUEUE_PAUSE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+INSERT INTO {QUEUE_TABLE} AS s (name, paused, paused_at, paused_by, updated_at, rate_log, throttled_total)
+SELECT %(name)s, true, clock.now, %(by)s, clock.now, '[]'::jsonb, 0 FROM clock
+ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = EXCLUDED.paused_at,
+    paused_by = EXCLUDED.paused_by, updated_at = EXCLUDED.updated_at
+WHERE NOT s.paused
+RETURNING s.name
+"""
+
+# Resume a queue and wake idle workers at once (NOTIFY with the queue name, delivered at commit).
+QUEUE_RESUME = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+resumed AS (
+    UPDATE {QUEUE_TABLE} s SET paused = false, paused_at = NULL, paused_by = '', updated_at = clock.now
+    FROM clock WHERE s.name = %(name)s AND s.paused
+    RETURNING s.name
+)
+SELECT r.name, pg_notify(%(channel)s, r.name) FROM resumed r
+"""
+
+
+def queue_pause(name: str, *, by: str = "", now: datetime | None = None, alias: str | None = None) -> bool:
+    """Pause queue ``name``: no job is claimed from it until :func:`queue_resume`.
+
+    Takes effect at the next claim of every worker (the claim statement filters paused queues);
+    jobs already leased run to the end. Works for queues not yet seen (the row is created).
+
+    Args:
+        name: queue name.
+        by: who paused it (shown by ``manage.py leasequeue_queue list`` and the admin).
+
+    Returns:
+        True if the queue was running and is now paused; False if it was already paused.
+    """
+    with _cursor(alias) as cur:
+        cur.execute(QUEUE_PAUSE, {"now": now, "name": name, "by": by})
+        return cur.fetchone() is not None
+
+
+def queue_resume(name: str, *, now: datetime | None = None, alias: str | None = None) -> bool:
+    """Resume queue ``name`` and wake the workers that serve it (NOTIFY, at commit).
+
+    Returns:
+        True if the queue was paused and now runs again; False if it was not paused.
+    """
+    from .conf import get_settings
+
+    with _cursor(alias) as cur:
+        cur.execute(QUEUE_RESUME, {"now": now, "name": name, "channel": get_settings().notify_channel})
+        return cur.fetchone() is not None
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue as :func:`queue_list` reports it.
+
+    Attributes:
+        name (str); paused (bool); paused_at (datetime | None, database time); paused_by (str);
+        rate_limit (str | None): the configured ``"N/s|m|h"``; throttled_total (int): claims cut
+        short by the rate limit since the row was created; ready (int): ready jobs (due or not);
+        leased (int): leased jobs.
+    """
+
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str
+    rate_limit: str | None
+    throttled_total: int
+    ready: int
+    leased: int
+
+
+QUEUE_LIST = f"""
+WITH counts AS (
+    SELECT queue AS name, count(*) FILTER (WHERE status = 'ready') AS ready,
+           count(*) FILTER (WHERE status = 'leased') AS leased
+    FROM {JOB_TABLE} WHERE status IN ('ready', 'leased') GROUP BY queue
+),
+names AS (
+    SELECT name FROM {QUEUE_TABLE} UNION SELECT name FROM counts
+    UNION SELECT unnest(%(configured)s::text[])
+)
+SELECT n.name, coalesce(s.paused, false), s.paused_at, coalesce(s.paused_by, ''),
+       coalesce(s.throttled_total, 0), coalesce(c.ready, 0), coalesce(c.leased, 0)
+FROM names n LEFT JOIN {QUEUE_TABLE} s ON s.name = n.name LEFT JOIN counts c ON c.name = n.name
+ORDER BY n.name
+"""
+
+
+def queue_list(*, alias: str | None = None) -> list[QueueInfo]:
+    """Every known queue (configured, with jobs ready/leased, or with a state row), by name.
+
+    Reads the ready/leased counts with one aggregate over the job table: fine for a dashboard or a
+    management command, not for a tight loop.
+    """
+    from .conf import get_settings
+
+    settings = get_settings()
+    with _cursor(alias) as cur:
+        cur.execute(QUEUE_LIST, {"configured": sorted(settings.queues or [])})
+        rows = cur.fetchall()
+    rates = settings.rate_limits
+    return [QueueInfo(name=r[0], paused=r[1], paused_at=r[2], paused_by=r[3],
+                      rate_limit=str(rates[r[0]]) if r[0] in rates else None, throttled_total=r[4],
+                      ready=r[5], leased=r[6]) for r in rows]
+
+
+def queue_paused_names(*, alias: str | None = None) -> list[str]:
+    """Names of the paused queues (metric "paused queues"), sorted."""
+    return list(QueueState.objects.using(alias or db_alias()).filter(paused=True)
+                .order_by("name").values_list("name", flat=True))
+
+
+def queue_throttled_totals(*, alias: str | None = None) -> dict[str, int]:
+    """Claims cut short by each queue's rate limit, since its state row was created (a counter,
+    for the metric "throttled claims"; it only grows)."""
+    return dict(QueueState.objects.using(alias or db_alias()).filter(throttled_total__gt=0)
+                .order_by("name").values_list("name", "throttled_total"))
+
+
+# Due ready jobs held back by their concurrency key (the key has concurrency_limit or more jobs
+# leased), grouped per queue and key. Reads the ready rows that have a key and one index probe per
+# key on leasequeue_job_conc_admit (see migration 0002 for the COLLATE "C" spelling); meant for
+# monitoring every few seconds, not for claiming.
+FLOW_KEYS_WAITING = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+waiting AS (
+    SELECT r.queue, r.concurrency_key AS key, min(r.concurrency_limit) AS lim, count(*) AS due
+    FROM {JOB_TABLE} r, clock
+    WHERE r.status = 'ready' AND r.concurrency_key IS NOT NULL AND r.run_at <= clock.now
+    GROUP BY r.queue, r.concurrency_key
+)
+SELECT w.queue, w.key, w.lim, w.due, l.leased
+FROM waiting w
+CROSS JOIN LATERAL (
+    SELECT count(*) AS leased FROM {JOB_TABLE} x
+    WHERE x.concurrency_key = w.key AND (x.status COLLATE "C") = 'leased' AND x.concurrency_key IS NOT NULL
+) AS l
+WHERE l.leased >= w.lim
+ORDER BY w.due DESC, w.queue, w.key
+"""
+
+
+@dataclass(frozen=True)
+class KeyWait:
+    """A concurrency key whose due jobs wait because the key is at its limit.
+
+    Attributes:
+        queue (str), key (str); limit (int): the key's concurrency_limit (smallest among its
+        waiting jobs); waiting (int): due ready jobs of the key in that queue; leased (int).
+    """
+
+    queue: str
+    key: str
+    limit: int
+    waiting: int
+    leased: int
+
+
+def flow_keys_waiting(*, now: datetime | None = None, alias: str | None = None) -> list[KeyWait]:
+    """Concurrency keys at their limit that have due jobs waiting, busiest first (for the admin)."""
+    with _cursor(alias) as cur:
+        cur.execute(FLOW_KEYS_WAITING, {"now": now})
+        return [KeyWait(*r) for r in cur.fetchall()]
+
+
+def flow_waiting_on_key(*, now: datetime | None = None, alias: str | None = None) -> dict[str, int]:
+    """Due ready jobs waiting on a concurrency key, per queue (metric "jobs waiting on a
+    concurrency key"). Queues with none are left out."""
+    totals: dict[str, int] = {}
+    for wait in flow_keys_waiting(now=now, alias=alias):
+        totals[wait.queue] = totals.get(wait.queue, 0) + wait.waiting
+    return totals
+
+
+@dataclass(frozen=True)
+class FlowMetrics:
+    """The flow-control figures for monitoring (Prometheus gauges and counters).
+
+    Attributes:
+        waiting_on_key (dict[str, int]): queue -> due jobs held back by a concurrency key (gauge).
+        throttled_claims (dict[str, int]): queue -> claims cut short by its rate limit (counter).
+        paused_queues (list[str]): paused queue names (gauge: 1 per name).
+    """
+
+    waiting_on_key: dict[str, int]
+    throttled_claims: dict[str, int]
+    paused_queues: list[str]
+
+
+def flow_metrics(*, now: datetime | None = None, alias: str | None = None) -> FlowMetrics:
+    """Read all flow-control figures at once (three small queries). See :class:`FlowMetrics`."""
+    return FlowMetrics(waiting_on_key=flow_waiting_on_key(now=now, alias=alias),
+                       throttled_claims=queue_throttled_totals(alias=alias),
+                       paused_queues=queue_paused_names(alias=alias))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
 * :class:`WorkerService` claims up to as many jobs as it has free threads, in one statement, and
   hands them to the pool. It sleeps until a NOTIFY, a freed slot (only when it was saturated) or
   the poll interval, and runs the reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
-* :class:`HeartbeatService` renews the leases of running jobs in one statement every
-  ``min(HEARTBEAT_INTERVAL, lease/3)`` (the job's own lease),
+  When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
+* :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3
+  (or ``HEARTBEAT_INTERVAL`` if shorter),
   stops renewing a job past its task's ``timeout`` (so a hung handler loses its lease and the job
   is retried elsewhere), and passes cancel requests and lost leases on to the handlers.
 * :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
@@ -31,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connections
@@ -46,6 +47,8 @@ from .runtime import Service, close_broken_connections
 logger = logging.getLogger("django_leasequeue.worker")
 
 PROCESS_HEARTBEAT_INTERVAL = 5.0
+# Added to a rate-limit wait: the window is closed, so a claim exactly at the boundary still counts.
+THROTTLE_MARGIN = 0.005
 
 
 def make_worker_id(name: str | None = None) -> str:
@@ -73,9 +76,11 @@ class Completer(Service):
 
     name = "completer"
 
-    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000) -> None:
+    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
+                 on_flush: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.alias = alias
+        self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
         self.gather = gather
         self.max_batch = max_batch
         self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
@@ -109,11 +114,16 @@ class Completer(Service):
                     self._queue.put(item)
                 raise
             self.completed += len(done)
+            if self.on_flush is not None:
+                self.on_flush()
             for ctx, _ in batch:
                 fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                           "token": ctx.lease_version}
                 if ctx.job_id in done:
                     signals.emit("succeeded", **fields)
+                elif ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
+                    ctx.mark_cancel_requested()
+                    signals.emit("cancelled", **fields)
                 else:
                     report_lease_lost(ctx, write="complete", fields=fields)
 
@@ -215,19 +225,33 @@ class WorkerService(Service):
         self._threads: list[threading.Thread] = []
         self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
         self._saturated = False
-        self.completer = Completer(alias=self.alias)
+        # A written completion may free a concurrency-key slot that the last claim found full:
+        # claim again now rather than a poll interval later (only when the last claim came up short).
+        self.completer = Completer(alias=self.alias, on_flush=self._after_completions)
         self.heartbeat = HeartbeatService(self)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
         self.executor = Executor(worker_id=self.worker_id, settings=self.settings, alias=self.alias,
                                  complete=self.completer.submit)
         self.claimed = 0
+        self.throttled = 0  # claims cut short by a queue rate limit
+        self._throttled_until = 0.0
+        self._short_claim = False  # the last claim got fewer jobs than free slots
+
+    def _after_completions(self) -> None:
+        if self._short_claim:
+            self.wake()
 
     # -- pool -----------------------------------------------------------------------------------
     def inflight_snapshot(self) -> list[InFlight]:
         """The running jobs, for the heartbeat."""
         with self._lock:
             return list(self._inflight.values())
+
+    def renewal_interval(self, lease: float) -> float:
+        """Seconds between heartbeats of a job with this lease: lease/3, or ``HEARTBEAT_INTERVAL``
+        when that is shorter (it also bounds how late a running handler learns of a cancel)."""
+        return min(lease / 3, self.settings.heartbeat_interval)
 
     def free_slots(self) -> int:
         with self._lock:
@@ -308,6 +332,10 @@ class WorkerService(Service):
             if now >= self._next_process_prune:
                 self._next_process_prune = now + reaper.PROCESS_PRUNE_EVERY
                 reaper.prune_processes(self.settings, alias=self.alias)
+        if now < self._throttled_until:
+            # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
+            # (and be refused) again before the window frees.
+            return self._throttled_until - now
         free = self.free_slots()
         if free <= 0:
             with self._lock:
@@ -321,6 +349,15 @@ class WorkerService(Service):
         with self._lock:
             self._saturated = len(jobs) >= free
             idle = not self._inflight
+        self._short_claim = len(jobs) < free
+        wait = jobs.throttle_wait
+        if wait is not None and len(jobs) < free:
+            # Throttled: sleep until the oldest claim leaves the window (capped by the poll
+            # interval, so other queues of this worker wait no longer than polling would make them).
+            self.throttled += 1
+            delay = min(self.poll_interval, wait + THROTTLE_MARGIN)
+            self._throttled_until = time.monotonic() + delay
+            return delay
         if jobs:
             return 0.0
         if self.burst and idle and self.completer._queue.empty():
@@ -348,7 +385,7 @@ class WorkerService(Service):
             timeout, manual = None, False
         # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
         # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
-        renew_every = min(self.settings.heartbeat_interval, lease / 3)
+        renew_every = self.renewal_interval(lease)
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
                          leased_until=job.leased_until, lease_seconds=lease, alias=self.alias, claim=job)

@@ -4,6 +4,7 @@ Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPO
 PGUSER (postgres), PGPASSWORD (empty).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ INSTALLED_APPS = [
     "django_leasequeue",
     "invoices",
     "qa",
+    "flowlab",
 ]
 if django.VERSION < (6, 0):
     # Django 5.2 LTS: Django's tasks framework comes from the django-tasks backport.
@@ -88,6 +90,8 @@ LEASEQUEUE = {
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
     # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
     "IMPORTS": ["invoices.framework_tasks"],
+    # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
+    "QUEUES": json.loads(os.environ["LEASEQUEUE_QUEUES"]) if os.environ.get("LEASEQUEUE_QUEUES") else None,
 }
 
 # Django's tasks framework (django.tasks, or the django_tasks backport on 5.2) runs on our workers.
@@ -119,6 +123,8 @@ LEASEQUEUE_SCHEDULES = {
         "priority": 50,
     },
 }
+if os.environ.get("LEASEQUEUE_HEARTBEAT_INTERVAL"):
+    LEASEQUEUE["HEARTBEAT_INTERVAL"] = float(os.environ["LEASEQUEUE_HEARTBEAT_INTERVAL"])
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,70 @@
+"""``manage.py leasequeue_queue pause|resume|list [NAME]``: pause, resume and list queues.
+
+Pausing takes effect at every worker's next claim (the claim statement skips paused queues), so
+within one poll interval at most, and usually at once; jobs already leased run to the end.
+Resuming wakes idle workers with a NOTIFY. ``list`` shows each known queue with its state, rate
+limit, throttled claims and ready/leased counts.
+"""
+
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_leasequeue import store
+from django_leasequeue.conf import get_settings
+from django_leasequeue.exceptions import ConfigurationError
+
+
+class Command(BaseCommand):
+    help = "Pause, resume or list django-leasequeue queues."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("action", choices=["pause", "resume", "list"])
+        parser.add_argument("names", nargs="*", metavar="NAME", help="queue name(s) (pause/resume)")
+        parser.add_argument("--by", default=None, help="who pauses (default: the OS user name)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            settings = get_settings()
+        except ConfigurationError as exc:
+            raise CommandError(str(exc))
+        action, names = options["action"], options["names"]
+        if action == "list":
+            self._list()
+            return
+        if not names:
+            raise CommandError(f"{action} needs at least one queue name")
+        if settings.queues is not None:
+            unknown = [n for n in names if n not in settings.queues]
+            if unknown:
+                raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
+        for name in names:
+            if action == "pause":
+                by = options["by"] or _user()
+                changed = store.queue_pause(name, by=by)
+                self.stdout.write(f"{name}: {'paused' if changed else 'already paused'}")
+            else:
+                changed = store.queue_resume(name)
+                self.stdout.write(f"{name}: {'resumed' if changed else 'was not paused'}")
+
+    def _list(self) -> None:
+        rows = store.queue_list()
+        if not rows:
+            self.stdout.write("no queues")
+            return
+        header = f"{'queue':<24} {'state':<8} {'rate':<10} {'throttled':>9} {'ready':>8} {'leased':>7}  paused"
+        self.stdout.write(header)
+        for q in rows:
+            paused = f"{q.paused_at:%Y-%m-%d %H:%M:%S} by {q.paused_by or '?'}" if q.paused and q.paused_at else ""
+            self.stdout.write(f"{q.name:<24} {'paused' if q.paused else 'running':<8} {q.rate_limit or '-':<10} "
+                              f"{q.throttled_total:>9} {q.ready:>8} {q.leased:>7}  {paused}")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return ""

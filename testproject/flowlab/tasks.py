@@ -1,0 +1,88 @@
+"""Flow-control tasks of the test project: keyed limits, a rate-limited queue, snooze, cancel.
+
+Each handler records what it saw as :class:`~flowlab.models.Probe` rows stamped with the database
+clock, so tests compare times from one clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django_leasequeue import JobContext, Snooze, task
+from django_leasequeue.store import db_now
+
+from .models import Probe
+
+
+def probe(ctx_or_id: JobContext | int, key: str, event: str) -> None:
+    """Record ``event`` for ``key`` at the database's current time."""
+    if isinstance(ctx_or_id, JobContext):
+        job_id, attempt = ctx_or_id.job_id, ctx_or_id.attempt
+    else:
+        job_id, attempt = ctx_or_id, 0
+    Probe.objects.create(key=key, event=event, job_id=job_id, attempt=attempt, at=db_now())
+
+
+@task(name="flowlab.customer_job", queue="flow", concurrency_key="customer-{customer}", concurrency_limit=2)
+def customer_job(customer: str, seq: int, seconds: float = 0.1) -> int:
+    """Work for one customer: at most 2 of one customer's jobs run at once, across all workers."""
+    time.sleep(seconds)
+    return seq
+
+
+@task(name="flowlab.rated_noop", queue="rated")
+def rated_noop(seq: int) -> None:
+    """A no-op on the ``rated`` queue (configure ``QUEUES['rated']['rate_limit']``)."""
+
+
+@task(name="flowlab.snooze_once", queue="flow", takes_context=True)
+def snooze_once(context: JobContext, key: str, seconds: float) -> str:
+    """Snooze for ``seconds`` on the first run, finish on the second."""
+    probe(context, key, "run")
+    if Probe.objects.filter(key=key, event="run").count() == 1:
+        return Snooze(seconds)
+    return "woke up"
+
+
+@task(name="flowlab.cancellable", queue="flow", takes_context=True, lease=3)
+def cancellable(context: JobContext, key: str, max_seconds: float = 30.0) -> str:
+    """A long loop that checks for a cancel request every 20 ms (cooperative cancel)."""
+    probe(context, key, "started")
+    deadline = time.monotonic() + max_seconds
+    while time.monotonic() < deadline:
+        if context.cancel_requested:
+            probe(context, key, "observed")
+            context.check_cancel()  # raises JobCancelled
+        time.sleep(0.02)
+    probe(context, key, "finished")
+    return "finished"
+
+
+@task(name="flowlab.ignores_cancel", queue="flow", takes_context=True, lease=3)
+def ignores_cancel(context: JobContext, key: str, seconds: float = 2.0) -> str:
+    """Never checks for a cancel: sleeps, then returns a result that must be discarded."""
+    probe(context, key, "started")
+    time.sleep(seconds)
+    probe(context, key, "returned")
+    return "finished anyway"
+
+
+@task(name="flowlab.fenced_after_cancel", queue="flow", takes_context=True, lease=3)
+def fenced_after_cancel(context: JobContext, key: str, max_seconds: float = 20.0) -> str:
+    """Waits until the job row says cancel requested, then tries to commit through fenced_atomic()."""
+    from django_leasequeue.models import Job
+
+    probe(context, key, "started")
+    deadline = time.monotonic() + max_seconds
+    while time.monotonic() < deadline and not Job.objects.filter(pk=context.job_id, cancel_requested=True).exists():
+        time.sleep(0.02)
+    with context.fenced_atomic():
+        probe(context, key, "committed")  # must roll back: the cancel refuses the commit
+    return "committed"
+
+
+@task(name="flowlab.sleeper", queue="flow")
+def sleeper(customer: str, seq: int, seconds: float = 0.1) -> int:
+    """The keyless twin of :func:`customer_job` (a baseline for the keyed-limit run time)."""
+    time.sleep(seconds)
+    return seq

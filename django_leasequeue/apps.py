@@ -20,3 +20,19 @@ class LeaseQueueConfig(AppConfig):
         from .conf import _on_setting_changed
 
         setting_changed.connect(_on_setting_changed, dispatch_uid="leasequeue-settings")
+        self._load_tasks_framework()
+
+    @staticmethod
+    def _load_tasks_framework() -> None:
+        """Import Django's tasks framework when ``TASKS`` uses our backend.
+
+        The framework registers its system check (which calls each backend's ``check()``) only
+        when it is imported, and nothing imports it before a task module is loaded: without this,
+        ``manage.py check`` would never report a misconfigured LeaseQueueBackend on Django 6.
+        """
+        from django.conf import settings
+
+        backends = getattr(settings, "TASKS", None) or {}
+        if any(isinstance(cfg, dict) and str(cfg.get("BACKEND", "")).startswith("django_leasequeue.")
+               for cfg in backends.values()):
+            from . import compat_tasks  # noqa: F401

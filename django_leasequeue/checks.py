@@ -40,26 +40,13 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     return []
 
 
-@checks.register()
-def check_settings_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Report an invalid ``LEASEQUEUE_SCHEDULES`` setting as ``leasequeue.E003`` (at deploy time,
-    before a scheduler refuses to start)."""
-    from .scheduler import load_settings_schedules
-
-    try:
-        load_settings_schedules()
-    except ConfigurationError as exc:
-        return [checks.Error(str(exc), id="leasequeue.E003")]
-    return []
-
-
 # ---- monitoring ----
 # The two checks below read the database. Like Django's own database checks they carry the
 # ``database`` tag and do nothing unless Django passes the databases to check (``manage.py check
 # --database default``, ``migrate``), so plain commands that may run without a database
 # (``collectstatic`` in an image build) never connect. Both return nothing, instead of crashing,
-# when the database cannot be reached. ``migrate`` runs them before it migrates, so it shows
-# W101 once, just before applying the migrations it names.
+# when the database cannot be reached. ``migrate`` runs them before it migrates; W101 stays quiet
+# there (telling someone who is migrating to migrate is noise).
 
 METRICS_TOKEN_MIN_LENGTH = 16
 
@@ -97,10 +84,12 @@ def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: A
     Workers on an unmigrated schema fail on their first claim, so say so before they start.
     Nothing is reported when the database is unreachable (the check must not crash ``check``).
     """
+    import sys
+
     from django.db import connections
 
     alias = _job_alias(databases)
-    if alias is None:
+    if alias is None or sys.argv[1:2] == ["migrate"]:
         return []
     pending = pending_migrations(connections[alias])
     if not pending:
@@ -169,3 +158,19 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.C
              "python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
         id="leasequeue.W103",
     ) for t in tokens if len(t) < METRICS_TOKEN_MIN_LENGTH]
+
+
+@checks.register()
+def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report an invalid ``LEASEQUEUE_SCHEDULES`` setting as ``leasequeue.E003`` (at deploy time,
+    before a scheduler refuses to start)."""
+    from .scheduler import load_settings_schedules
+
+    try:
+        load_settings_schedules()
+    except ConfigurationError as exc:
+        return [checks.Error(str(exc), id="leasequeue.E003")]
+    except Exception as exc:  # validating task names imports the apps' task modules; they may fail
+        return [checks.Error(f"importing the task modules failed: {exc!r}", id="leasequeue.E004",
+                             hint="Workers import every installed app's tasks.py/jobs.py and LEASEQUEUE['IMPORTS'].")]
+    return []

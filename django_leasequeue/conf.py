@@ -158,13 +158,13 @@ class Settings:
     prune_batch: int
     imports: tuple[str, ...] = field(default=())
     max_snoozes: int = 100
-    # Queue name -> RateLimit, parsed from QUEUES[name]["rate_limit"].
-    rate_limits: dict[str, RateLimit] = field(default_factory=dict)
     # ---- monitoring ----
     metrics_tokens: tuple[str, ...] = field(default=(), repr=False)
     metrics_allow_staff: bool = True
     process_alive_within: float = 30.0
     process_prune_after: float = 300.0
+    # Queue name -> RateLimit, parsed from QUEUES[name]["rate_limit"].
+    rate_limits: dict[str, RateLimit] = field(default_factory=dict)
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -223,8 +223,8 @@ def build(raw: dict[str, Any] | None) -> Settings:
             queues = {str(q): dict(cfg or {}) for q, cfg in queues.items()}
         else:
             raise ConfigurationError("LEASEQUEUE['QUEUES'] must be None, a list of names or a dict")
-    rate_limits = _queue_options(queues) if queues else {}
     monitoring = _build_monitoring(merged)
+    rate_limits = _queue_options(queues) if queues else {}
     return Settings(
         lease=lease,
         heartbeat_interval=heartbeat,
@@ -244,8 +244,8 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prune_batch=int(merged["PRUNE_BATCH"]),
         imports=tuple(merged["IMPORTS"]),
         max_snoozes=int(merged["MAX_SNOOZES"]),
-        rate_limits=rate_limits,
         **monitoring,
+        rate_limits=rate_limits,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -29,6 +30,7 @@ class JobContext:
         lease_seconds (float): lease length.
         timed_out (bool): True once the worker stopped renewing the lease because the task's
             ``timeout`` passed (the lease will expire and the job be retried elsewhere).
+        claim (store.ClaimedJob | None): the claim this attempt runs under (set by the worker).
     """
 
     job_id: int
@@ -45,6 +47,7 @@ class JobContext:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     completed_in_transaction: bool = False
     timed_out: bool = False
+    claim: Any = field(default=None, repr=False)
 
     @property
     def lease_lost(self) -> bool:

@@ -58,3 +58,15 @@ class Snooze(LeaseQueueError):  # noqa: N818 - the name is the verb, as in Oban 
             raise ValueError(f"Snooze seconds must be >= 0, got {seconds!r}")
         super().__init__(f"snoozed for {seconds} s")
         self.seconds = float(seconds)
+
+
+class LeaseExpired(LeaseLost):
+    """The reaper took a job back because its lease expired (the worker died, hung past its
+    timeout or lost the database). Never raised in a handler: it names the ``LeaseExpired`` entry
+    the reaper writes into ``Job.errors``, so that the Django tasks backend can report that entry
+    as an exception class (``TaskError.exception_class``)."""
+
+
+class SnoozeLimitExceeded(LeaseQueueError):
+    """The job snoozed more than ``LEASEQUEUE["MAX_SNOOZES"]`` times and was dead-lettered. Like
+    :class:`LeaseExpired`, it names an entry of ``Job.errors`` rather than being raised."""

@@ -207,12 +207,16 @@ class Schedule(models.Model):
             ValidationError: keyed by field, each message naming the offending value.
         """
         errors: dict = {}
+        exclude = set(exclude or ())
+        # Arguments first: our message names the offending value, Django's says "Value must be valid JSON".
+        others = {f.name for f in self._meta.fields} - {"args", "kwargs"}
+        for field, message in self._definition_errors(exclude | others):
+            errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
         try:
-            super().clean_fields(exclude=exclude)
+            super().clean_fields(exclude=exclude | set(errors))
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
-        skip = set(exclude or ()) | set(errors)
-        for field, message in self._definition_errors(skip):
+        for field, message in self._definition_errors(exclude | set(errors) | {"args", "kwargs"}):
             errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
         if errors:
             raise ValidationError(errors)

@@ -76,14 +76,16 @@ class Task:
         return self.func(*args, **kwargs)
 
     def using(self, **options: Any) -> Task:
-        """Return a copy with other options (``run_at``, ``queue``, ``priority``, ``unique_key``,
-        ``unique_scope``, ``max_attempts``, ``lease``, ``timeout``, ``backoff``).
+        """Return a copy with other options for the jobs it enqueues (``run_at``, ``queue``,
+        ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds).
+
+        ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
+        worker reads them from the registered task, so a per-enqueue value would be silently ignored.
 
         Raises:
             TypeError: an unknown option.
         """
-        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
-                   "timeout", "backoff"}
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -128,18 +130,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
 
     def register(fn: Callable[..., Any]) -> Task:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-            raise ConfigurationError(f"task {task_name!r}: priority {priority} is outside -100..100")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"task {task_name!r}: max_attempts must be >= 1")
-        if lease is not None and lease <= 0:
-            raise ConfigurationError(f"task {task_name!r}: lease must be > 0 seconds")
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"task {task_name!r}: timeout must be > 0 seconds")
-        if (concurrency_key is None) != (concurrency_limit is None):
-            raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
-        if concurrency_limit is not None and concurrency_limit < 1:
-            raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
+        check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease, timeout=timeout,
+                           concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         spec = Task(func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts,
                     backoff=backoff, lease=lease, timeout=timeout, takes_context=takes_context,
                     manual_heartbeat=manual_heartbeat, concurrency_key=concurrency_key,
@@ -148,6 +140,40 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         return spec
 
     return register(func) if func is not None else register
+
+
+def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int | None = None,
+                       lease: float | None = None, timeout: float | None = None, backoff: Any = None,
+                       concurrency_key: Any = None, concurrency_limit: int | None = None) -> None:
+    """Validate a task's options (shared by :func:`task` and the Django tasks backend).
+
+    Args:
+        task_name: used in the messages.
+        priority: int, -100..100. max_attempts: int >= 1 or None. lease, timeout: seconds > 0 or
+            None. backoff: anything :func:`retry.as_backoff` accepts, or None.
+
+    Raises:
+        ConfigurationError: naming the task and the bad option.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or max_attempts < 1):
+        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int >= 1, got {max_attempts!r}")
+    for option, value in (("lease", lease), ("timeout", timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
+    if backoff is not None:
+        from .retry import Backoff, as_backoff
+
+        try:
+            as_backoff(backoff, Backoff())
+        except TypeError as exc:
+            raise ConfigurationError(f"task {task_name!r}: {exc}")
+    if (concurrency_key is None) != (concurrency_limit is None):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
+    if concurrency_limit is not None and concurrency_limit < 1:
+        raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
 
 
 def register_task(spec: Task) -> None:
@@ -221,20 +247,26 @@ def autodiscover() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_json(value: Any, where: str) -> None:
+def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
     """Check that ``value`` round-trips through JSON unchanged (same types, same values).
 
     Accepted: None, bool, int, finite float, str, list, and dict with str keys, nested.
+
+    Args:
+        exact_scalars: refuse subclasses of int/float/str (IntEnum, StrEnum, ...): they serialise
+            as their base type, so a job argument would reach the handler as a plain int/str.
+            False for return values, which are stored for reading, not passed back to code.
 
     Raises:
         PayloadNotSerializable: naming ``where`` and the path of the first offending value.
     """
     stack: list[tuple[Any, str]] = [(value, where)]
+    scalars = (bool, int, str)
     while stack:
         item, path = stack.pop()
-        if item is None or isinstance(item, (bool, int, str)):
+        if item is None or (type(item) in scalars if exact_scalars else isinstance(item, scalars)):
             continue
-        if isinstance(item, float):
+        if type(item) is float or (not exact_scalars and isinstance(item, float)):
             if not math.isfinite(item):
                 raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
             continue
@@ -251,7 +283,10 @@ def check_json(value: Any, where: str) -> None:
                 stack.append((v, f"{path}[{k!r}]"))
             continue
         hint = ""
-        if isinstance(item, tuple):
+        base = next((b.__name__ for b in (int, float, str) if isinstance(item, b)), None)
+        if base is not None:
+            hint = f" (a subclass of {base}: it would arrive as a plain {base}; pass {base}(value) and convert it back)"
+        elif isinstance(item, tuple):
             hint = " (JSON would turn it into a list; pass a list)"
         elif type(item).__name__ in {"Decimal", "datetime", "date", "UUID", "time"}:
             hint = " (pass str(value) and convert it back in the handler)"
@@ -328,8 +363,9 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     priority = spec.priority if priority is None else priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
-    attempts = max_attempts or spec.max_attempts or settings.max_attempts
-    if not isinstance(attempts, int) or attempts < 1:
+    # "is None", not "or": an explicit max_attempts=0 is an error, not a request for the default.
+    attempts = max_attempts if max_attempts is not None else (spec.max_attempts or settings.max_attempts)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise EnqueueError(f"max_attempts must be an int >= 1, got {attempts!r}")
     run_at = spec.run_at if run_at is None else run_at
     delay = 0.0
@@ -392,11 +428,24 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
         EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
         UnknownTask: ``task_or_name`` is a name nobody registered.
     """
-    from . import signals, store
-
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
                     unique_scope=unique_scope, max_attempts=max_attempts)
+    return insert_job(new)[0]
+
+
+def insert_job(new: Any) -> tuple[Job, bool]:
+    """Insert one job built by :func:`build_job` in the caller's transaction.
+
+    Returns:
+        ``(job, created)``: the new job and True, or the job already holding ``new.unique_key``
+        and False (then nothing was written and no ``enqueued`` event is sent).
+
+    Raises:
+        EnqueueError: the unique key kept changing hands (released and retaken) five times.
+    """
+    from . import signals, store
+
     settings = get_settings()
     alias = store.db_alias()
     # A unique key held by a job in "active" scope can be released between our failed insert and
@@ -406,10 +455,10 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
         if rows:
             job = rows[0]
             signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
-            return job
+            return job, True
         existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
         if existing is not None:
-            return existing
+            return existing, False
     raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
 
 
@@ -450,7 +499,8 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
     """Enqueue when the current transaction commits (``transaction.on_commit``); same arguments as
     :func:`enqueue`.
 
-    The arguments are validated now, so a bad argument raises here, not after the commit. An error
+    The arguments are validated and encoded now, so a bad argument raises here, not after the
+    commit, and changing the argument objects after this call does not change the job. An error
     in the deferred enqueue is not swallowed: Django raises it from the commit (``robust=False``).
     Outside a transaction the job is enqueued at once.
     """
@@ -459,11 +509,11 @@ def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs
     from . import store
 
     spec = _resolve_spec(task_or_name)
-    build_job(spec, args, kwargs, **options)  # validate eagerly
-    transaction.on_commit(lambda: enqueue(spec, args, kwargs, **options), using=store.db_alias())
+    new = build_job(spec, args, kwargs, **options)  # validate and snapshot the arguments now
+    transaction.on_commit(lambda: insert_job(new), using=store.db_alias())
 
 
 def json_dumps_result(value: Any) -> str:
     """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
-    check_json(value, "return value")
+    check_json(value, "return value", exact_scalars=False)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

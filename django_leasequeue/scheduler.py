@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -55,8 +55,11 @@ DEFAULT_INTERVAL = 1.0
 occurrence, so a schedule fires on time whatever the interval; the interval bounds how long a new or
 edited schedule waits to be noticed, and how often ``last_tick_at`` is stamped."""
 
-LOCK_BATCH = 100
-"""Schedules locked per transaction."""
+LOCK_BATCH = 500
+"""Schedules locked (and their jobs inserted in one statement) per transaction."""
+
+INSERT_BATCH = 5000
+"""Jobs per INSERT statement."""
 
 MIN_WAIT = 0.05
 """Shortest wait between ticks (seconds): a due schedule locked by another scheduler is left to it."""
@@ -333,9 +336,9 @@ class SchedulerService(Service):
                 it); None: the database clock, read once for the whole tick.
 
         Returns:
-            A :class:`TickResult`. A schedule that fails (its task's queue is no longer allowed, a
-            definition written past validation) is logged at ERROR once per distinct problem, left
-            due and retried on the next tick; the others proceed.
+            A :class:`TickResult`. A schedule that cannot be planned (its task's queue is no longer
+            allowed, a definition written past validation) is logged at ERROR once per distinct
+            problem, left due and retried on the next tick; the others proceed.
 
         Raises:
             ValueError: ``now`` is naive. Database errors propagate (the service loop retries).
@@ -347,76 +350,84 @@ class SchedulerService(Service):
         result = TickResult(now=now)
         handled: list[int] = []
         while True:
+            # One short transaction per batch: lock, insert every job of the batch in one
+            # statement, advance every schedule of the batch in one statement, commit.
             with transaction.atomic(using=self.alias):
                 rows = store.schedule_lock_due(limit=LOCK_BATCH, exclude=handled, now=now, alias=self.alias)
-                for row in rows:
-                    handled.append(row.id)
-                    result.checked += 1
-                    try:
-                        with transaction.atomic(using=self.alias):  # a savepoint per schedule
-                            self.fire(row, now, result)
-                        self._reported.pop((row.id, "error"), None)
-                    except Exception as exc:  # noqa: BLE001 - one broken schedule must not stop the others
-                        message = f"{type(exc).__name__}: {exc}"
-                        result.errors[row.id] = message
-                        self._report(row.id, "error", logging.ERROR,
-                                     "schedule %r (id %s) failed and stays due: %s", row.name, row.id, message)
+                handled += [row.id for row in rows]
+                self.fire(rows, now, result)
             if len(rows) < LOCK_BATCH:
                 break
         pending, earliest = store.schedule_next_due(exclude=list(result.errors), alias=self.alias)
         result.next_due = now if pending else earliest
         return result
 
-    def fire(self, row: store.ScheduleRow, now: datetime, result: TickResult | None = None) -> TickResult:
-        """Plan one schedule at ``now``, insert a job per occurrence to emit, advance the schedule.
+    def fire(self, rows: Sequence[store.ScheduleRow], now: datetime, result: TickResult | None = None) -> TickResult:
+        """Plan schedules at ``now``, insert a job per occurrence to emit, advance the schedules.
 
-        Run inside a transaction, normally holding the schedule's row lock
-        (:func:`store.schedule_lock_due`); correctness does not depend on the lock: two calls with
-        the same ``row`` insert each occurrence once (unique key) and advance it monotonically.
+        Run inside a transaction, normally holding the schedules' row locks
+        (:func:`store.schedule_lock_due`); correctness does not depend on the locks: two calls with
+        the same rows insert each occurrence once (unique key) and advance monotonically.
 
         Args:
-            row: the schedule as read (possibly stale).
+            rows: the schedules as read (possibly stale).
             now: aware datetime, the tick's time.
             result: a :class:`TickResult` to add to (default: a new one).
 
         Returns:
-            ``result``.
-
-        Raises:
-            InvalidCron, InvalidTimezone, ValueError, EnqueueError: the stored definition is unusable.
+            ``result``. A schedule whose plan fails is recorded in ``result.errors`` and skipped.
         """
         result = result if result is not None else TickResult(now=now)
-        zone = row.timezone or _project_zone()
-        plan = cron.due(row.cron, zone, last=row.last_occurrence_at, next_at=row.next_occurrence_at, now=now,
-                        catch_up=row.catch_up, limit=row.catch_up_limit)
-        inserted: list = []
-        if plan.emit:
-            jobs = [self._new_job(row, occurrence) for occurrence in plan.emit]
-            inserted = store.job_insert(jobs, notify=self.settings.notify, channel=self.settings.notify_channel,
-                                        now=now, alias=self.alias)
-        fresh = {job.occurrence_at: job for job in inserted}
-        for occurrence in plan.emit:
-            job = fresh.get(occurrence)
-            if job is None:
-                # Another scheduler emitted it first (or this one, from a stale read): normal.
-                result.duplicates.append((row.id, occurrence))
-                logger.debug("schedule %r: occurrence %s was already emitted", row.name, occurrence.isoformat())
+        result.checked += len(rows)
+        plans: list[tuple[store.ScheduleRow, cron.DuePlan]] = []
+        jobs: list[store.NewJob] = []
+        for row in rows:
+            try:
+                plan = cron.due(row.cron, row.timezone or _project_zone(), last=row.last_occurrence_at,
+                                next_at=row.next_occurrence_at, now=now, catch_up=row.catch_up,
+                                limit=row.catch_up_limit)
+                new = [self._new_job(row, occurrence) for occurrence in plan.emit]
+            except Exception as exc:  # noqa: BLE001 - one broken schedule must not stop the others
+                message = f"{type(exc).__name__}: {exc}"
+                result.errors[row.id] = message
+                self._report(row.id, "error", logging.ERROR, "schedule %r (id %s) failed and stays due: %s",
+                             row.name, row.id, message)
                 continue
-            result.emitted.append((row.id, occurrence))
-            self.emitted += 1
-            logger.info("schedule %r: emitted occurrence %s as job %s", row.name, occurrence.isoformat(), job.id)
-            signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0,
-                         schedule=row.name, occurrence_at=occurrence.isoformat())
-        if plan.skipped:
-            result.skipped += plan.skipped
-            logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r, limit %s)", row.name,
-                        plan.skipped, "+" if plan.skipped_is_lower_bound else "", row.catch_up, row.catch_up_limit)
-        advanced = store.schedule_advance(row.id, last=plan.emit[-1] if plan.emit else None, next_at=plan.next_at,
-                                          skipped=plan.skipped, cron=row.cron, timezone=row.timezone,
-                                          alias=self.alias)
-        if not advanced:
-            logger.debug("schedule %r was edited or disabled during the tick; its new definition applies",
-                         row.name)
+            self._reported.pop((row.id, "error"), None)
+            plans.append((row, plan))
+            jobs += new
+        inserted: dict[tuple[int, datetime], Any] = {}
+        for start in range(0, len(jobs), INSERT_BATCH):
+            for job in store.job_insert(jobs[start:start + INSERT_BATCH], notify=self.settings.notify,
+                                        channel=self.settings.notify_channel, now=now, alias=self.alias):
+                inserted[(job.schedule_id, job.occurrence_at)] = job
+        advances = []
+        for row, plan in plans:
+            for occurrence in plan.emit:
+                job = inserted.get((row.id, occurrence))
+                if job is None:
+                    # Another scheduler emitted it first (or this one, from a stale read): normal.
+                    result.duplicates.append((row.id, occurrence))
+                    logger.debug("schedule %r: occurrence %s was already emitted", row.name, occurrence.isoformat())
+                    continue
+                result.emitted.append((row.id, occurrence))
+                self.emitted += 1
+                logger.info("schedule %r: emitted occurrence %s as job %s", row.name, occurrence.isoformat(), job.id)
+                signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0,
+                             schedule=row.name, occurrence_at=occurrence.isoformat())
+            if plan.skipped:
+                result.skipped += plan.skipped
+                logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r, limit %s)", row.name,
+                            plan.skipped, "+" if plan.skipped_is_lower_bound else "", row.catch_up,
+                            row.catch_up_limit)
+            advances.append(store.ScheduleAdvance(schedule_id=row.id, last=plan.emit[-1] if plan.emit else None,
+                                                  next_at=plan.next_at, skipped=plan.skipped, cron=row.cron,
+                                                  timezone=row.timezone))
+        advanced = store.schedule_advance(advances, alias=self.alias)
+        for row, _ in plans:
+            if row.id not in advanced:
+                logger.debug("schedule %r was edited or disabled during the tick; its new definition applies",
+                             row.name)
         return result
 
     def _new_job(self, row: store.ScheduleRow, occurrence: datetime) -> store.NewJob:

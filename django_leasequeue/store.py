@@ -19,6 +19,10 @@ Rules every statement follows (DESIGN.md section 3):
   LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
   ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
   subquery into a nested loop that updates more rows than asked for (Oban #652).
+* **Flow control is part of the claim** (docs/flow-control.md): every eligibility rule (due,
+  ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
+  inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
+  then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
 """
 
 from __future__ import annotations
@@ -168,8 +172,24 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     with _cursor(alias) as cur:
         cur.execute(JOB_INSERT, params)
         rows = cur.fetchall()
-    names = [f.attname for f in Job._meta.concrete_fields]
-    return [Job.from_db(alias, names, row[: len(names)]) for row in rows]
+    return _jobs_from_rows(rows, alias)
+
+
+def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
+    """Build Job instances from raw rows in ``_JOB_COLUMNS`` order, through the fields' own
+    ``from_db_value`` converters (a raw cursor returns JSON columns as text, as Django's
+    PostgreSQL backend leaves jsonb decoding to JSONField)."""
+    fields = Job._meta.concrete_fields
+    names = [f.attname for f in fields]
+    connection = connections[alias]
+    converters = [(i, f.from_db_value) for i, f in enumerate(fields) if hasattr(f, "from_db_value")]
+    jobs = []
+    for row in rows:
+        values = list(row[: len(names)])
+        for i, convert in converters:
+            values[i] = convert(values[i], None, connection)
+        jobs.append(Job.from_db(alias, names, values))
+    return jobs
 
 
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:
@@ -201,11 +221,17 @@ class ClaimedJob:
     lease_seconds: float
     claimed_at: datetime
     priority: int = 0
+    # For the Django tasks backend, which reports them at the start of each attempt: enqueue time,
+    # first claim time, and the number of failed attempts recorded so far.
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    error_count: int = 0
 
 
 _CLAIM_RETURNING = """
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
-          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority
+          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority,
+          j.created_at, j.started_at, jsonb_array_length(j.errors)
 """
 
 # Per-key concurrency limits (docs/flow-control.md). A candidate with a concurrency key is
@@ -217,10 +243,16 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
 # over-limit job is never locked, never counts against the batch, and the scan keeps looking for
 # other keys and keyless jobs behind it. Keyless jobs stop at the IS NULL test: no function call.
 # %(claim)s is a fresh id per claim call, so admissions from an earlier claim in the same
-# transaction are not counted twice.
+# transaction are not counted twice. Keys the function found full or busy during this claim are
+# listed in the setting leasequeue.conc_closed (prefixed by the claim id), and their rows are
+# rejected by the inline strpos() before any function call: the look-ahead past a full key's
+# backlog costs about as much as reading the rows (~0.3 us each), not a plpgsql call per row.
 _CONC_ADMIT = """
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-               OR leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s))"""
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.conc_closed', true),
+                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
+                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))"""
 
 _CLAIM_SET = """
 SET status = 'leased',
@@ -359,15 +391,17 @@ _RATE_LATERAL = f"""
 # Lease the picked rows, append this claim to each rated queue's log, report throttled queues.
 _RATE_TAIL = f"""
 claimed AS (
+    -- id = ANY(ARRAY(...)): inside a CTE the planner otherwise hash-joins picked against a
+    -- sequential scan of the whole job table; this probes the primary key per picked id.
     UPDATE {JOB_TABLE} j
     {_CLAIM_SET}
-    FROM picked, clock
-    WHERE j.id = picked.id
+    FROM clock
+    WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
     RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
               j.leased_until, coalesce(j.lease_seconds, %(lease)s) AS lease_seconds, clock.now AS claimed_at,
-              j.priority
+              j.priority, j.created_at, j.started_at, jsonb_array_length(j.errors) AS error_count
 ),
-counts AS (
+counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
            (SELECT count(*) FROM claimed WHERE claimed.queue = q.name)::int AS k
     FROM q, clock
@@ -405,7 +439,7 @@ waits AS (
     WHERE (SELECT coalesce(sum((e->>1)::int), 0) FROM jsonb_array_elements(l.rate_log) AS e) >= l.rate_n
 )
 SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until,
-       c.lease_seconds, c.claimed_at, c.priority, waits.waits
+       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, waits.waits
 FROM waits LEFT JOIN claimed c ON true
 """
 
@@ -472,7 +506,7 @@ class ClaimResult(list):
 def _claimed(r: Sequence[Any]) -> ClaimedJob:
     return ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
                       max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
-                      claimed_at=r[10], priority=r[11])
+                      claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
 
 
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
@@ -526,7 +560,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
             cur.execute(RATE_LOCK, {"names": rated})
         cur.execute(sql, params)
         rows = cur.fetchall()
-    waits = _load(rows[0][12]) if rows else {}
+    waits = _load(rows[0][15]) if rows else {}
     return ClaimResult((_claimed(r) for r in rows if r[0] is not None),
                        throttled={k: float(v) for k, v in (waits or {}).items()})
 
@@ -1075,7 +1109,8 @@ def queue_throttled_totals(*, alias: str | None = None) -> dict[str, int]:
 
 # Due ready jobs held back by their concurrency key (the key has concurrency_limit or more jobs
 # leased), grouped per queue and key. Reads the ready rows that have a key and one index probe per
-# key on leasequeue_job_conc_leased; meant for monitoring every few seconds, not for claiming.
+# key on leasequeue_job_conc_admit (see migration 0002 for the COLLATE "C" spelling); meant for
+# monitoring every few seconds, not for claiming.
 FLOW_KEYS_WAITING = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 waiting AS (
@@ -1087,7 +1122,8 @@ waiting AS (
 SELECT w.queue, w.key, w.lim, w.due, l.leased
 FROM waiting w
 CROSS JOIN LATERAL (
-    SELECT count(*) AS leased FROM {JOB_TABLE} x WHERE x.concurrency_key = w.key AND x.status = 'leased'
+    SELECT count(*) AS leased FROM {JOB_TABLE} x
+    WHERE x.concurrency_key = w.key AND (x.status COLLATE "C") = 'leased' AND x.concurrency_key IS NOT NULL
 ) AS l
 WHERE l.leased >= w.lim
 ORDER BY w.due DESC, w.queue, w.key
@@ -1204,6 +1240,360 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
     with _cursor(alias) as cur:
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
         return cur.rowcount
+
+
+# ---------------------------------------------------------------------------------------------
+# ---- monitoring ----
+# ---------------------------------------------------------------------------------------------
+
+# Record that a worker found its lease lost while its handler was still running (a "fence
+# rejection": a renew, complete, fail or fenced_atomic write was refused because the token moved
+# on). The outcome write itself wrote nothing, so this note is the only durable trace; the lease
+# report counts these notes per task. It appends to ``history`` only, never touches status, token
+# or lease, and is idempotent per token. The row may now be leased by another worker: SKIP LOCKED
+# makes the note best-effort instead of letting a stale worker's heartbeat thread wait behind the
+# new holder's fenced_atomic() transaction.
+JOB_NOTE_LEASE_LOST = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = %(id)s
+      AND NOT j.history @> jsonb_build_array(jsonb_build_object('event', 'lease_lost', 'token', %(token)s::bigint))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET history = j.history || jsonb_build_array(jsonb_build_object(
+    'event', 'lease_lost', 'token', %(token)s::bigint, 'worker', %(worker)s::text, 'write', %(write)s::text,
+    'timed_out', %(timed_out)s::boolean, 'at', clock.now))
+FROM target, clock
+WHERE j.id = target.id
+RETURNING j.id
+"""
+
+
+def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, timed_out: bool,
+                        now: datetime | None = None, alias: str | None = None) -> bool:
+    """Append a ``lease_lost`` event to a job's history (once per fencing token; never blocks).
+
+    Args:
+        job_id: the job.
+        token: the stale ``lease_version`` the worker held.
+        worker: the worker id (``host:pid:name``).
+        write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
+            or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
+        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
+            passed), so the loss is the designed outcome for a hung handler, not an accident.
+
+    Returns:
+        True when the note was written; False when it already existed, the row is locked by
+        another transaction right now, or the job is gone.
+    """
+    params = {"now": now, "id": job_id, "token": token, "worker": worker, "write": write,
+              "timed_out": bool(timed_out)}
+    with _cursor(alias) as cur:
+        cur.execute(JOB_NOTE_LEASE_LOST, params)
+        return cur.fetchone() is not None
+# ---- schedules ----
+# ---------------------------------------------------------------------------------------------
+# The scheduler's writes. Correctness of "one job per occurrence" comes from the jobs' unique key
+# (JOB_INSERT's ON CONFLICT DO NOTHING); the row lock below only stops two schedulers from doing
+# the same work twice, and the monotonic advance keeps a stale scheduler from moving a schedule back.
+
+_SCHEDULE_COLUMNS = """s.id, s.name, s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority,
+       s.catch_up, s.catch_up_limit, s.last_occurrence_at, s.next_occurrence_at"""
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A schedule as the scheduler reads it (locked, inside the caller's transaction)."""
+
+    id: int
+    name: str
+    task: str
+    args: list
+    kwargs: dict
+    cron: str
+    timezone: str
+    queue: str
+    priority: int
+    catch_up: str
+    catch_up_limit: int
+    last_occurrence_at: datetime | None
+    next_occurrence_at: datetime | None
+
+
+# Lock up to %(limit)s enabled schedules that are due (stored next occurrence at or before now, or
+# not computed yet). SKIP LOCKED: a schedule another scheduler is working on is left to it. In READ
+# COMMITTED a row updated by a scheduler that committed after this statement's snapshot is
+# re-checked against the WHERE clause on its newest version, so an advanced schedule drops out.
+# ``exclude`` holds the ids this tick already handled (a schedule that failed stays due).
+SCHEDULE_LOCK_DUE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+SELECT {_SCHEDULE_COLUMNS}
+FROM {SCHEDULE_TABLE} s, clock
+WHERE s.enabled
+  AND (s.next_occurrence_at IS NULL OR s.next_occurrence_at <= clock.now)
+  AND NOT (s.id = ANY(%(exclude)s::bigint[]))
+ORDER BY s.next_occurrence_at NULLS FIRST, s.id
+LIMIT %(limit)s
+FOR UPDATE OF s SKIP LOCKED
+"""
+
+
+def schedule_lock_due(*, limit: int = 100, exclude: Sequence[int] = (), now: datetime | None = None,
+                      alias: str | None = None) -> list[ScheduleRow]:
+    """Lock due enabled schedules for the rest of the caller's transaction (``FOR UPDATE SKIP LOCKED``).
+
+    Must run inside ``transaction.atomic``: the locks are held until it ends.
+
+    Args:
+        limit: maximum number of schedules returned.
+        exclude: schedule ids to leave out (already handled by this tick).
+        now: aware datetime to compare ``next_occurrence_at`` with; None: the database clock.
+
+    Returns:
+        The locked schedules, earliest stored next occurrence first (not yet computed ones first).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_LOCK_DUE, {"now": now, "limit": limit, "exclude": list(exclude)})
+        rows = cur.fetchall()
+    return [
+        ScheduleRow(id=r[0], name=r[1], task=r[2], args=_load(r[3]), kwargs=_load(r[4]), cron=r[5],
+                    timezone=r[6], queue=r[7], priority=r[8], catch_up=r[9], catch_up_limit=r[10],
+                    last_occurrence_at=r[11], next_occurrence_at=r[12])
+        for r in rows
+    ]
+
+
+# Advance schedules after their occurrences were inserted (same transaction), many in one
+# statement. Monotonic: a scheduler that worked from a stale read can never move last/next
+# occurrence backwards. The compare on cron and timezone makes it a compare-and-set against an
+# edit that slipped in: then the edit's own recomputed next occurrence stands (the jobs already
+# inserted were due under the old definition).
+SCHEDULE_ADVANCE = f"""
+UPDATE {SCHEDULE_TABLE} s
+SET last_occurrence_at = CASE WHEN d.last IS NULL THEN s.last_occurrence_at
+                              ELSE greatest(s.last_occurrence_at, d.last) END,
+    next_occurrence_at = greatest(s.next_occurrence_at, d.next),
+    skipped_occurrences = s.skipped_occurrences + d.skipped
+FROM unnest(%(id)s::bigint[], %(last)s::timestamptz[], %(next)s::timestamptz[], %(skipped)s::bigint[],
+            %(cron)s::text[], %(timezone)s::text[]) AS d(id, last, next, skipped, cron, timezone)
+WHERE s.id = d.id AND s.cron = d.cron AND s.timezone = d.timezone AND s.enabled
+RETURNING s.id
+"""
+
+
+@dataclass(frozen=True)
+class ScheduleAdvance:
+    """One schedule's tick outcome, for :func:`schedule_advance`.
+
+    ``last``: aware datetime of the newest occurrence emitted, or None (none emitted). ``next_at``:
+    aware datetime of the next occurrence to wait for. ``skipped``: due occurrences not emitted
+    (catch-up policy), added to the counter. ``cron``, ``timezone``: the definition the plan was
+    computed from; a schedule edited (or disabled) meanwhile is not written.
+    """
+
+    schedule_id: int
+    last: datetime | None
+    next_at: datetime
+    skipped: int
+    cron: str
+    timezone: str
+
+
+def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = None) -> set[int]:
+    """Record the outcome of a tick for many schedules in one statement.
+
+    Returns:
+        The ids of the schedules advanced (the others were edited or disabled meanwhile).
+    """
+    if not items:
+        return set()
+    params = {"id": [i.schedule_id for i in items], "last": [i.last for i in items],
+              "next": [i.next_at for i in items], "skipped": [int(i.skipped) for i in items],
+              "cron": [i.cron for i in items], "timezone": [i.timezone for i in items]}
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_ADVANCE, params)
+        return {r[0] for r in cur.fetchall()}
+
+
+# When the scheduler should wake up next: the earliest stored next occurrence of an enabled
+# schedule (and whether some schedule has none yet, i.e. is due at once).
+SCHEDULE_NEXT_DUE = f"""
+SELECT bool_or(s.next_occurrence_at IS NULL), min(s.next_occurrence_at)
+FROM {SCHEDULE_TABLE} s
+WHERE s.enabled AND NOT (s.id = ANY(%(exclude)s::bigint[]))
+"""
+
+
+def schedule_next_due(*, exclude: Sequence[int] = (), alias: str | None = None) -> tuple[bool, datetime | None]:
+    """Return ``(some enabled schedule has no next occurrence yet, earliest next occurrence or None)``,
+    ignoring the schedule ids in ``exclude``."""
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_NEXT_DUE, {"exclude": list(exclude)})
+        pending, earliest = cur.fetchone()
+    return bool(pending), earliest
+
+
+@dataclass(frozen=True)
+class ScheduleDefinition:
+    """A validated schedule declared in ``LEASEQUEUE_SCHEDULES``; JSON fields already encoded.
+
+    ``next_at`` is the first occurrence after the sync's time under this definition: stored when
+    the row is created, re-enabled, or its cron or time zone changes.
+    """
+
+    name: str
+    task: str
+    args_json: str
+    kwargs_json: str
+    cron: str
+    timezone: str
+    queue: str
+    priority: int
+    enabled: bool
+    catch_up: str
+    catch_up_limit: int
+    next_at: datetime | None
+
+
+SCHEDULE_SOURCES = f"SELECT name, source FROM {SCHEDULE_TABLE} WHERE name = ANY(%(names)s::text[])"
+
+# Upsert settings-defined schedules by name. Settings own every field they declare; the
+# scheduler's bookkeeping (last occurrence, skipped count) is kept, so a re-sync never re-emits an
+# occurrence (the row, hence the jobs' unique keys, stay the same). The next occurrence is replaced
+# only when the cron expression or zone changed or the schedule is (re-)enabled, so a change takes
+# effect from the next occurrence under the new definition and never back-fills; disabled: NULL.
+# Rows whose settings did not change are not rewritten (the WHERE of DO UPDATE).
+SCHEDULE_UPSERT_SETTINGS = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+INSERT INTO {SCHEDULE_TABLE} AS s (
+    name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit,
+    last_occurrence_at, next_occurrence_at, skipped_occurrences, source, created_at, updated_at
+)
+SELECT t.name, t.task, t.args::jsonb, t.kwargs::jsonb, t.cron, t.timezone, t.queue, t.priority, t.enabled,
+       t.catch_up, t.catch_up_limit, NULL, CASE WHEN t.enabled THEN t.next_at END, 0, 'settings',
+       clock.now, clock.now
+FROM clock, unnest(
+    %(name)s::text[], %(task)s::text[], %(args)s::text[], %(kwargs)s::text[], %(cron)s::text[],
+    %(timezone)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(enabled)s::boolean[],
+    %(catch_up)s::text[], %(catch_up_limit)s::int[], %(next_at)s::timestamptz[]
+) AS t(name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit, next_at)
+ON CONFLICT (name) DO UPDATE SET
+    task = EXCLUDED.task, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, cron = EXCLUDED.cron,
+    timezone = EXCLUDED.timezone, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+    enabled = EXCLUDED.enabled, catch_up = EXCLUDED.catch_up, catch_up_limit = EXCLUDED.catch_up_limit,
+    source = 'settings', updated_at = EXCLUDED.updated_at,
+    next_occurrence_at = CASE
+        WHEN NOT EXCLUDED.enabled THEN NULL
+        WHEN s.cron IS DISTINCT FROM EXCLUDED.cron OR s.timezone IS DISTINCT FROM EXCLUDED.timezone
+             OR NOT s.enabled THEN EXCLUDED.next_occurrence_at
+        ELSE s.next_occurrence_at END
+WHERE (s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority, s.enabled, s.catch_up,
+       s.catch_up_limit, s.source)
+      IS DISTINCT FROM
+      (EXCLUDED.task, EXCLUDED.args, EXCLUDED.kwargs, EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.queue,
+       EXCLUDED.priority, EXCLUDED.enabled, EXCLUDED.catch_up, EXCLUDED.catch_up_limit, 'settings')
+RETURNING s.name
+"""
+
+# A settings-owned schedule that is no longer declared is disabled, not deleted: its jobs and
+# history stay, and declaring it again re-enables the same row (no occurrence is emitted twice).
+SCHEDULE_DISABLE_UNDECLARED = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {SCHEDULE_TABLE} s
+SET enabled = false, next_occurrence_at = NULL, updated_at = clock.now
+FROM clock
+WHERE s.source = 'settings' AND s.enabled AND NOT (s.name = ANY(%(names)s::text[]))
+RETURNING s.name
+"""
+
+
+@dataclass(frozen=True)
+class ScheduleSync:
+    """What a settings sync changed (schedule names)."""
+
+    created: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    disabled: list[str]
+    taken_over: list[str]
+
+
+def schedule_sync_settings(definitions: Sequence[ScheduleDefinition], *, now: datetime | None = None,
+                           alias: str | None = None) -> ScheduleSync:
+    """Write settings-defined schedules into the table (call inside ``transaction.atomic``).
+
+    Creates missing ones, updates changed ones (taking over an admin-created schedule of the same
+    name: settings win), and disables settings-owned schedules that are no longer declared.
+
+    Returns:
+        A :class:`ScheduleSync` listing the names per outcome.
+    """
+    names = [d.name for d in definitions]
+    params = {
+        "now": now, "names": names, "name": names,
+        "task": [d.task for d in definitions], "args": [d.args_json for d in definitions],
+        "kwargs": [d.kwargs_json for d in definitions], "cron": [d.cron for d in definitions],
+        "timezone": [d.timezone for d in definitions], "queue": [d.queue for d in definitions],
+        "priority": [d.priority for d in definitions], "enabled": [d.enabled for d in definitions],
+        "catch_up": [d.catch_up for d in definitions],
+        "catch_up_limit": [d.catch_up_limit for d in definitions],
+        "next_at": [d.next_at for d in definitions],
+    }
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_SOURCES, params)
+        existing = dict(cur.fetchall())
+        written: list[str] = []
+        if definitions:
+            cur.execute(SCHEDULE_UPSERT_SETTINGS, params)
+            written = [r[0] for r in cur.fetchall()]
+        cur.execute(SCHEDULE_DISABLE_UNDECLARED, params)
+        disabled = sorted(r[0] for r in cur.fetchall())
+    return ScheduleSync(
+        created=sorted(n for n in written if n not in existing),
+        updated=sorted(n for n in written if n in existing),
+        unchanged=sorted(n for n in names if n not in written),
+        disabled=disabled,
+        taken_over=sorted(n for n in written if existing.get(n, "settings") != "settings"),
+    )
+# ---- django tasks backend ----
+
+# Store the return value of a job that its handler already completed inside fenced_atomic(): the
+# value is known only after that block committed the job as done (with a null result). Fenced on
+# the token and on 'done', so it can only fill in the result of the attempt that completed the job;
+# a replayed job (ready again, and later done under a newer token) is never overwritten.
+JOB_SET_RESULT = f"""
+UPDATE {JOB_TABLE} SET result = %(result)s::jsonb
+WHERE id = %(id)s AND lease_version = %(version)s AND status = 'done'
+"""
+
+
+def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | None = None) -> bool:
+    """Record ``result_json`` (JSON text) as the result of a job done under token ``version``.
+
+    Returns:
+        True when written; False when the job is not done under that token (nothing written).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
+        return cur.rowcount == 1
+
+
+# Read one job by primary key (no lock): the tasks backend's get_result and the start of each
+# framework-task attempt. Plain SQL rather than the ORM because the query compiler, not the
+# database, was most of the cost of an attempt.
+JOB_GET = f"SELECT {', '.join(_JOB_COLUMNS)} FROM {JOB_TABLE} WHERE id = %(id)s"
+
+
+def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
+    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None."""
+    alias = alias or db_alias()
+    with _cursor(alias) as cur:
+        cur.execute(JOB_GET, {"id": job_id})
+        rows = cur.fetchall()
+    jobs = _jobs_from_rows(rows, alias)
+    return jobs[0] if jobs else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1425,306 +1815,3 @@ def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = No
         cur.execute(JOB_RETRY_NOW, {"now": now, "ids": ids, "by": by, "notify": settings.notify,
                                     "channel": settings.notify_channel})
         return cur.fetchone()[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# ---- schedules ----
-# ---------------------------------------------------------------------------------------------
-# The scheduler's writes. Correctness of "one job per occurrence" comes from the jobs' unique key
-# (JOB_INSERT's ON CONFLICT DO NOTHING); the row lock below only stops two schedulers from doing
-# the same work twice, and the monotonic advance keeps a stale scheduler from moving a schedule back.
-
-_SCHEDULE_COLUMNS = """s.id, s.name, s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority,
-       s.catch_up, s.catch_up_limit, s.last_occurrence_at, s.next_occurrence_at"""
-
-
-@dataclass(frozen=True)
-class ScheduleRow:
-    """A schedule as the scheduler reads it (locked, inside the caller's transaction)."""
-
-    id: int
-    name: str
-    task: str
-    args: list
-    kwargs: dict
-    cron: str
-    timezone: str
-    queue: str
-    priority: int
-    catch_up: str
-    catch_up_limit: int
-    last_occurrence_at: datetime | None
-    next_occurrence_at: datetime | None
-
-
-# Lock up to %(limit)s enabled schedules that are due (stored next occurrence at or before now, or
-# not computed yet). SKIP LOCKED: a schedule another scheduler is working on is left to it. In READ
-# COMMITTED a row updated by a scheduler that committed after this statement's snapshot is
-# re-checked against the WHERE clause on its newest version, so an advanced schedule drops out.
-# ``exclude`` holds the ids this tick already handled (a schedule that failed stays due).
-SCHEDULE_LOCK_DUE = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
-SELECT {_SCHEDULE_COLUMNS}
-FROM {SCHEDULE_TABLE} s, clock
-WHERE s.enabled
-  AND (s.next_occurrence_at IS NULL OR s.next_occurrence_at <= clock.now)
-  AND NOT (s.id = ANY(%(exclude)s::bigint[]))
-ORDER BY s.next_occurrence_at NULLS FIRST, s.id
-LIMIT %(limit)s
-FOR UPDATE OF s SKIP LOCKED
-"""
-
-
-def schedule_lock_due(*, limit: int = 100, exclude: Sequence[int] = (), now: datetime | None = None,
-                      alias: str | None = None) -> list[ScheduleRow]:
-    """Lock due enabled schedules for the rest of the caller's transaction (``FOR UPDATE SKIP LOCKED``).
-
-    Must run inside ``transaction.atomic``: the locks are held until it ends.
-
-    Args:
-        limit: maximum number of schedules returned.
-        exclude: schedule ids to leave out (already handled by this tick).
-        now: aware datetime to compare ``next_occurrence_at`` with; None: the database clock.
-
-    Returns:
-        The locked schedules, earliest stored next occurrence first (not yet computed ones first).
-    """
-    with _cursor(alias) as cur:
-        cur.execute(SCHEDULE_LOCK_DUE, {"now": now, "limit": limit, "exclude": list(exclude)})
-        rows = cur.fetchall()
-    return [
-        ScheduleRow(id=r[0], name=r[1], task=r[2], args=_load(r[3]), kwargs=_load(r[4]), cron=r[5],
-                    timezone=r[6], queue=r[7], priority=r[8], catch_up=r[9], catch_up_limit=r[10],
-                    last_occurrence_at=r[11], next_occurrence_at=r[12])
-        for r in rows
-    ]
-
-
-# Advance a schedule after its occurrences were inserted (same transaction). Monotonic: a scheduler
-# that worked from a stale read can never move last/next occurrence backwards. The compare on cron
-# and timezone makes it a compare-and-set against an edit that slipped in: then the edit's own
-# recomputed next occurrence stands (the jobs already inserted were due under the old definition).
-SCHEDULE_ADVANCE = f"""
-UPDATE {SCHEDULE_TABLE} s
-SET last_occurrence_at = CASE WHEN %(last)s::timestamptz IS NULL THEN s.last_occurrence_at
-                              ELSE greatest(s.last_occurrence_at, %(last)s::timestamptz) END,
-    next_occurrence_at = greatest(s.next_occurrence_at, %(next)s::timestamptz),
-    skipped_occurrences = s.skipped_occurrences + %(skipped)s
-WHERE s.id = %(id)s AND s.cron = %(cron)s AND s.timezone = %(timezone)s AND s.enabled
-RETURNING s.id
-"""
-
-
-def schedule_advance(schedule_id: int, *, last: datetime | None, next_at: datetime, skipped: int, cron: str,
-                     timezone: str, alias: str | None = None) -> bool:
-    """Record a tick's outcome for one schedule.
-
-    Args:
-        last: aware datetime of the newest occurrence emitted by this tick, or None (none emitted).
-        next_at: aware datetime of the next occurrence to wait for.
-        skipped: number of due occurrences not emitted (catch-up policy), added to the counter.
-        cron, timezone: the definition the plan was computed from; nothing is written if the
-            schedule was edited (or disabled) meanwhile.
-
-    Returns:
-        True when the schedule was advanced.
-    """
-    with _cursor(alias) as cur:
-        cur.execute(SCHEDULE_ADVANCE, {"id": schedule_id, "last": last, "next": next_at, "skipped": int(skipped),
-                                       "cron": cron, "timezone": timezone})
-        return cur.fetchone() is not None
-
-
-# When the scheduler should wake up next: the earliest stored next occurrence of an enabled
-# schedule (and whether some schedule has none yet, i.e. is due at once).
-SCHEDULE_NEXT_DUE = f"""
-SELECT bool_or(s.next_occurrence_at IS NULL), min(s.next_occurrence_at)
-FROM {SCHEDULE_TABLE} s
-WHERE s.enabled AND NOT (s.id = ANY(%(exclude)s::bigint[]))
-"""
-
-
-def schedule_next_due(*, exclude: Sequence[int] = (), alias: str | None = None) -> tuple[bool, datetime | None]:
-    """Return ``(some enabled schedule has no next occurrence yet, earliest next occurrence or None)``,
-    ignoring the schedule ids in ``exclude``."""
-    with _cursor(alias) as cur:
-        cur.execute(SCHEDULE_NEXT_DUE, {"exclude": list(exclude)})
-        pending, earliest = cur.fetchone()
-    return bool(pending), earliest
-
-
-@dataclass(frozen=True)
-class ScheduleDefinition:
-    """A validated schedule declared in ``LEASEQUEUE_SCHEDULES``; JSON fields already encoded.
-
-    ``next_at`` is the first occurrence after the sync's time under this definition: stored when
-    the row is created, re-enabled, or its cron or time zone changes.
-    """
-
-    name: str
-    task: str
-    args_json: str
-    kwargs_json: str
-    cron: str
-    timezone: str
-    queue: str
-    priority: int
-    enabled: bool
-    catch_up: str
-    catch_up_limit: int
-    next_at: datetime | None
-
-
-SCHEDULE_SOURCES = f"SELECT name, source FROM {SCHEDULE_TABLE} WHERE name = ANY(%(names)s::text[])"
-
-# Upsert settings-defined schedules by name. Settings own every field they declare; the
-# scheduler's bookkeeping (last occurrence, skipped count) is kept, so a re-sync never re-emits an
-# occurrence (the row, hence the jobs' unique keys, stay the same). The next occurrence is replaced
-# only when the cron expression or zone changed or the schedule is (re-)enabled, so a change takes
-# effect from the next occurrence under the new definition and never back-fills; disabled: NULL.
-# Rows whose settings did not change are not rewritten (the WHERE of DO UPDATE).
-SCHEDULE_UPSERT_SETTINGS = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
-INSERT INTO {SCHEDULE_TABLE} AS s (
-    name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit,
-    last_occurrence_at, next_occurrence_at, skipped_occurrences, source, created_at, updated_at
-)
-SELECT t.name, t.task, t.args::jsonb, t.kwargs::jsonb, t.cron, t.timezone, t.queue, t.priority, t.enabled,
-       t.catch_up, t.catch_up_limit, NULL, CASE WHEN t.enabled THEN t.next_at END, 0, 'settings',
-       clock.now, clock.now
-FROM clock, unnest(
-    %(name)s::text[], %(task)s::text[], %(args)s::text[], %(kwargs)s::text[], %(cron)s::text[],
-    %(timezone)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(enabled)s::boolean[],
-    %(catch_up)s::text[], %(catch_up_limit)s::int[], %(next_at)s::timestamptz[]
-) AS t(name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit, next_at)
-ON CONFLICT (name) DO UPDATE SET
-    task = EXCLUDED.task, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, cron = EXCLUDED.cron,
-    timezone = EXCLUDED.timezone, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
-    enabled = EXCLUDED.enabled, catch_up = EXCLUDED.catch_up, catch_up_limit = EXCLUDED.catch_up_limit,
-    source = 'settings', updated_at = EXCLUDED.updated_at,
-    next_occurrence_at = CASE
-        WHEN NOT EXCLUDED.enabled THEN NULL
-        WHEN s.cron IS DISTINCT FROM EXCLUDED.cron OR s.timezone IS DISTINCT FROM EXCLUDED.timezone
-             OR NOT s.enabled THEN EXCLUDED.next_occurrence_at
-        ELSE s.next_occurrence_at END
-WHERE (s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority, s.enabled, s.catch_up,
-       s.catch_up_limit, s.source)
-      IS DISTINCT FROM
-      (EXCLUDED.task, EXCLUDED.args, EXCLUDED.kwargs, EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.queue,
-       EXCLUDED.priority, EXCLUDED.enabled, EXCLUDED.catch_up, EXCLUDED.catch_up_limit, 'settings')
-RETURNING s.name
-"""
-
-# A settings-owned schedule that is no longer declared is disabled, not deleted: its jobs and
-# history stay, and declaring it again re-enables the same row (no occurrence is emitted twice).
-SCHEDULE_DISABLE_UNDECLARED = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
-UPDATE {SCHEDULE_TABLE} s
-SET enabled = false, next_occurrence_at = NULL, updated_at = clock.now
-FROM clock
-WHERE s.source = 'settings' AND s.enabled AND NOT (s.name = ANY(%(names)s::text[]))
-RETURNING s.name
-"""
-
-
-@dataclass(frozen=True)
-class ScheduleSync:
-    """What a settings sync changed (schedule names)."""
-
-    created: list[str]
-    updated: list[str]
-    unchanged: list[str]
-    disabled: list[str]
-    taken_over: list[str]
-
-
-def schedule_sync_settings(definitions: Sequence[ScheduleDefinition], *, now: datetime | None = None,
-                           alias: str | None = None) -> ScheduleSync:
-    """Write settings-defined schedules into the table (call inside ``transaction.atomic``).
-
-    Creates missing ones, updates changed ones (taking over an admin-created schedule of the same
-    name: settings win), and disables settings-owned schedules that are no longer declared.
-
-    Returns:
-        A :class:`ScheduleSync` listing the names per outcome.
-    """
-    names = [d.name for d in definitions]
-    params = {
-        "now": now, "names": names, "name": names,
-        "task": [d.task for d in definitions], "args": [d.args_json for d in definitions],
-        "kwargs": [d.kwargs_json for d in definitions], "cron": [d.cron for d in definitions],
-        "timezone": [d.timezone for d in definitions], "queue": [d.queue for d in definitions],
-        "priority": [d.priority for d in definitions], "enabled": [d.enabled for d in definitions],
-        "catch_up": [d.catch_up for d in definitions],
-        "catch_up_limit": [d.catch_up_limit for d in definitions],
-        "next_at": [d.next_at for d in definitions],
-    }
-    with _cursor(alias) as cur:
-        cur.execute(SCHEDULE_SOURCES, params)
-        existing = dict(cur.fetchall())
-        written: list[str] = []
-        if definitions:
-            cur.execute(SCHEDULE_UPSERT_SETTINGS, params)
-            written = [r[0] for r in cur.fetchall()]
-        cur.execute(SCHEDULE_DISABLE_UNDECLARED, params)
-        disabled = sorted(r[0] for r in cur.fetchall())
-    return ScheduleSync(
-        created=sorted(n for n in written if n not in existing),
-        updated=sorted(n for n in written if n in existing),
-        unchanged=sorted(n for n in names if n not in written),
-        disabled=disabled,
-        taken_over=sorted(n for n in written if existing.get(n, "settings") != "settings"),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# ---- monitoring ----
-# ---------------------------------------------------------------------------------------------
-
-# Record that a worker found its lease lost while its handler was still running (a "fence
-# rejection": a renew, complete, fail or fenced_atomic write was refused because the token moved
-# on). The outcome write itself wrote nothing, so this note is the only durable trace; the lease
-# report counts these notes per task. It appends to ``history`` only, never touches status, token
-# or lease, and is idempotent per token. The row may now be leased by another worker: SKIP LOCKED
-# makes the note best-effort instead of letting a stale worker's heartbeat thread wait behind the
-# new holder's fenced_atomic() transaction.
-JOB_NOTE_LEASE_LOST = f"""
-WITH clock AS MATERIALIZED ({CLOCK}),
-target AS (
-    SELECT j.id FROM {JOB_TABLE} j
-    WHERE j.id = %(id)s
-      AND NOT j.history @> jsonb_build_array(jsonb_build_object('event', 'lease_lost', 'token', %(token)s::bigint))
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {JOB_TABLE} j
-SET history = j.history || jsonb_build_array(jsonb_build_object(
-    'event', 'lease_lost', 'token', %(token)s::bigint, 'worker', %(worker)s::text, 'write', %(write)s::text,
-    'timed_out', %(timed_out)s::boolean, 'at', clock.now))
-FROM target, clock
-WHERE j.id = target.id
-RETURNING j.id
-"""
-
-
-def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, timed_out: bool,
-                        now: datetime | None = None, alias: str | None = None) -> bool:
-    """Append a ``lease_lost`` event to a job's history (once per fencing token; never blocks).
-
-    Args:
-        job_id: the job.
-        token: the stale ``lease_version`` the worker held.
-        worker: the worker id (``host:pid:name``).
-        write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
-            or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
-        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
-            passed), so the loss is the designed outcome for a hung handler, not an accident.
-
-    Returns:
-        True when the note was written; False when it already existed, the row is locked by
-        another transaction right now, or the job is gone.
-    """
-    params = {"now": now, "id": job_id, "token": token, "worker": worker, "write": write,
-              "timed_out": bool(timed_out)}
-    with _cursor(alias) as cur:
-        cur.execute(JOB_NOTE_LEASE_LOST, params)
-        return cur.fetchone() is not None

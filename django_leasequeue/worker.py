@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from . import reaper, registry, signals, store
 from .conf import Settings, get_settings
@@ -66,6 +66,7 @@ class InFlight:
     manual_heartbeat: bool
     deadline: float | None  # monotonic time past which heartbeats stop (task timeout)
     next_renewal: float
+    renew_every: float  # seconds between renewals
     timed_out: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -174,7 +175,7 @@ class HeartbeatService(Service):
                 item.ctx.leased_until = renewal.leased_until
                 if renewal.cancel_requested:
                     item.ctx.mark_cancel_requested()
-                item.next_renewal = now + self.worker.renewal_interval(item.lease)
+                item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
         if now >= self._next_process_beat:
             self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
@@ -271,15 +272,20 @@ class WorkerService(Service):
         thread.start()
 
     def _thread_main(self) -> None:
-        while True:
-            job = self._tasks.get()
-            if job is None:
-                return
-            self._run_job(job)
-            with self._lock:
-                if self._spare_threads > 0:
-                    self._spare_threads -= 1
+        try:
+            while True:
+                job = self._tasks.get()
+                if job is None:
                     return
+                self._run_job(job)
+                with self._lock:
+                    if self._spare_threads > 0:
+                        self._spare_threads -= 1
+                        return
+        finally:
+            # This thread's connections would otherwise stay open until the process exits (an
+            # in-process worker, e.g. in tests, then keeps sessions on the database after it stopped).
+            connections.close_all()
 
     def _run_job(self, job: store.ClaimedJob) -> None:
         with self._lock:
@@ -334,7 +340,7 @@ class WorkerService(Service):
         if free <= 0:
             with self._lock:
                 self._saturated = True
-            return self.poll_interval
+            return self._idle_wait()
         jobs = store.job_claim(queues=self.queues, limit=free, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias)
         self.claimed += len(jobs)
@@ -357,22 +363,36 @@ class WorkerService(Service):
         if self.burst and idle and self.completer._queue.empty():
             self.stop()
             return 0.0
-        return self.poll_interval
+        return self._idle_wait()
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait before the next claim: the poll interval, cut short by the next reaper
+        sweep. Without the cut a worker polling every 30 s (it relies on NOTIFY) would also reap
+        only every 30 s, and a dead peer's jobs would wait that long beyond their lease."""
+        if not self.reap:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
+        # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
+        # never by the task's declared lease: using(lease=...) stores another value in the row, and
+        # renewing every declared/3 seconds would let a shorter granted lease expire in between.
+        lease = job.lease_seconds
         try:
             spec = registry.get_task(job.task)
-            lease = spec.lease or job.lease_seconds
             timeout, manual = spec.timeout, spec.manual_heartbeat
         except Exception:
-            lease, timeout, manual = job.lease_seconds, None, False
+            timeout, manual = None, False
+        # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
+        # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
+        renew_every = self.renewal_interval(lease)
         ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
                          max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
-                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias)
+                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias, claim=job)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
-                        deadline=now + timeout if timeout else None,
-                        next_renewal=now + self.renewal_interval(lease))
+                        deadline=now + timeout if timeout else None, next_renewal=now + renew_every,
+                        renew_every=renew_every)
         with self._lock:
             self._inflight[job.id] = item
         self._tasks.put(job)

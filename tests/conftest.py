@@ -11,67 +11,94 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
+from tests.support import wait_for  # noqa: F401  (re-exported for older tests)
+
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> object:
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
+@pytest.fixture(scope="session", autouse=True)
+def _flush_with_delete():
+    """Make the flush after each ``transactional_db`` test DELETE rows instead of TRUNCATE tables.
+
+    TRUNCATE creates new files for every table and index and fsyncs them: about a second per test
+    on a busy machine, for tables that hold a few rows. Django's foreign keys are DEFERRABLE
+    INITIALLY DEFERRED and flush runs in one transaction, so deleting in any order is safe.
+    Sequences are not reset (no test relies on ids); a flush that asks for it still truncates.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not tables:
+            return original(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = original
 
 
 class WorkerProcess:
-    """A ``manage.py <command>`` subprocess against the test database."""
+    """A ``manage.py <command>`` subprocess against the test database.
+
+    Its stdout and stderr go to a file (a pipe would fill up and block a chatty worker); read them
+    at any time with :meth:`output`.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="leasequeue-worker-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, str(MANAGE), *args], env=env, cwd=str(ROOT),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
     def kill(self) -> None:
+        self.signal(signal.SIGCONT)
         self.signal(signal.SIGKILL)
         self.proc.wait(10)
 
     def wait(self, timeout: float = 30) -> int:
-        return self.proc.wait(timeout)
+        """Wait for the process to exit; return its exit code (fail the test on timeout)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{' '.join(self.args)} (pid {self.pid}) still running after {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "<still running>"
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """Everything the process wrote so far."""
+        with open(self.log.name) as fh:
+            return fh.read()
 
 
 @pytest.fixture
-def spawn(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
+def spawn(transactional_db, request) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``manage.py`` commands (runworker, runreaper, ...) as subprocesses on the test database.
 
     Usage: ``w = spawn("runworker", "--concurrency", "2", env={"LEASEQUEUE_LEASE": "2"})``.
     Every process still running at the end of the test is SIGKILLed (after SIGCONT, in case it
-    was stopped).
+    was stopped); each one's output is attached to the test report (shown when the test fails).
     """
     started: list[WorkerProcess] = []
 
@@ -84,10 +111,10 @@ def spawn(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
 
     yield start
     for proc in started:
-        if proc.proc.poll() is None:
-            proc.signal(signal.SIGCONT)
-            proc.signal(signal.SIGKILL)
-            proc.proc.wait(10)
+        if proc.running:
+            proc.kill()
+        request.node.add_report_section("teardown", f"{' '.join(proc.args)} (pid {proc.pid})", proc.output())
+        proc.log.close()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "leasequeue-test-project-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
@@ -22,8 +24,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_leasequeue",
     "invoices",
+    "qa",
     "flowlab",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 LTS: Django's tasks framework comes from the django-tasks backport.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -82,11 +88,22 @@ LEASEQUEUE = {
     "BACKOFF_MAX": 60,
     # Bearer token for /leasequeue/metrics (None: staff sessions only).
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
+    # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
+    "IMPORTS": ["invoices.framework_tasks"],
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
-    "QUEUES": json.loads(os.environ["LEASEQUEUE_QUEUES"]) if os.environ.get("LEASEQUEUE_QUEUES") else None,
+    # The TASKS queues below stay allowed (system check leasequeue.E103).
+    "QUEUES": ({"default": {}, "invoices": {}, **json.loads(os.environ["LEASEQUEUE_QUEUES"])}
+               if os.environ.get("LEASEQUEUE_QUEUES") else None),
 }
-if os.environ.get("LEASEQUEUE_HEARTBEAT_INTERVAL"):
-    LEASEQUEUE["HEARTBEAT_INTERVAL"] = float(os.environ["LEASEQUEUE_HEARTBEAT_INTERVAL"])
+
+# Django's tasks framework (django.tasks, or the django_tasks backport on 5.2) runs on our workers.
+TASKS = {
+    "default": {
+        "BACKEND": "django_leasequeue.backends.LeaseQueueBackend",
+        "QUEUES": ["default", "invoices"],
+        "OPTIONS": {"MAX_ATTEMPTS": 5, "BACKOFF": {"base": 1, "max": 60}},
+    }
+}
 
 # Recurring schedules (docs/schedules.md), synced into the schedule table when a scheduler starts
 # (`manage.py runscheduler`, `runworker --with-scheduler`) or by `manage.py syncschedules`. These
@@ -108,6 +125,8 @@ LEASEQUEUE_SCHEDULES = {
         "priority": 50,
     },
 }
+if os.environ.get("LEASEQUEUE_HEARTBEAT_INTERVAL"):
+    LEASEQUEUE["HEARTBEAT_INTERVAL"] = float(os.environ["LEASEQUEUE_HEARTBEAT_INTERVAL"])
 
 LOGGING = {
     "version": 1,

@@ -67,8 +67,8 @@ def test_short_metrics_token_is_a_warning():
 
 
 def test_enabled_schedules_must_reference_registered_tasks():
-    # bulk_create skips Schedule.save()'s validation, which refuses an unregistered task: the rows
-    # stand for schedules whose task was removed from the code after they were saved.
+    # save() refuses unregistered tasks, so these rows stand for tasks deleted from the code since
+    # the schedules were saved: bulk_create writes them without validation.
     Schedule.objects.bulk_create([
         Schedule(name="nightly", task="no.such.task", cron="0 3 * * *"),
         Schedule(name="off", task="also.missing", cron="0 3 * * *", enabled=False),

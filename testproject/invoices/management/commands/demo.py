@@ -79,7 +79,8 @@ class Command(BaseCommand):
 
         env = {**os.environ, "LEASEQUEUE_DB_NAME": connection.settings_dict["NAME"],
                "LEASEQUEUE_LEASE": str(opts["lease"]), "LEASEQUEUE_REAPER_INTERVAL": "0.5",
-               "LEASEQUEUE_BACKOFF_BASE": "0.2", "PYTHONUNBUFFERED": "1"}
+               "LEASEQUEUE_BACKOFF_BASE": "0.2", "PYTHONUNBUFFERED": "1",
+               "LEASEQUEUE_LOG_LEVEL": os.environ.get("LEASEQUEUE_LOG_LEVEL", "ERROR")}
         workers = [
             subprocess.Popen([sys.executable, str(MANAGE), "runworker", "--concurrency", str(opts["concurrency"]),
                               "--worker-id", f"demo-{i}"], env=env)

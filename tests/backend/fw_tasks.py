@@ -1,0 +1,83 @@
+"""Framework (``@task``) tasks used by the backend tests. Module level, as the framework requires."""
+
+import threading
+
+from django.db.models import F
+from invoices.models import FlakyAttempt
+
+from django_leasequeue.backends import task_options
+from django_leasequeue.compat_tasks import task
+
+# Set by ``hold`` when it starts; ``hold`` returns once the test sets RELEASE.
+RUNNING = threading.Event()
+RELEASE = threading.Event()
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(max_attempts=2, backoff=0)
+def fail_always(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(max_attempts=3, backoff=0)
+def flaky(key: str, failures: int) -> str:
+    """Fail the first ``failures`` attempts, then return a string."""
+    row, _ = FlakyAttempt.objects.get_or_create(key=key)
+    FlakyAttempt.objects.filter(pk=row.pk).update(tries=F("tries") + 1)
+    row.refresh_from_db()
+    if row.tries <= failures:
+        raise ConnectionError(f"try {row.tries} failed")
+    return f"ok after {row.tries}"
+
+
+@task(takes_context=True)
+def inspect_context(context, x: int) -> dict:
+    from django_leasequeue.compat_tasks import TaskContext
+
+    return {
+        "x": x,
+        "attempt": context.attempt,
+        "result_id": context.task_result.id,
+        "status": str(context.task_result.status),
+        "worker_ids": context.task_result.worker_ids,
+        "token": context.lease_version,
+        "job_id": context.job_id,
+        "is_task_context": isinstance(context, TaskContext),
+    }
+
+
+@task
+def hold() -> str:
+    RUNNING.set()
+    RELEASE.wait(20)
+    return "released"
+
+
+@task
+def returns_object() -> object:
+    return object()
+
+
+@task
+def returns_tuple() -> tuple:
+    return (1, "two")
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(unique_key="report:{0}", max_attempts=7, lease=45, timeout=120)
+def unique_report(day: str) -> str:
+    return day
+
+
+@task
+@task_options(max_attempts=9, lease=12.5)
+def with_function_options() -> None:
+    return None

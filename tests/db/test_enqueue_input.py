@@ -1,0 +1,194 @@
+"""Bad input at enqueue: a clear error naming the problem and no row; or, for a row that names an
+unregistered task, a dead letter with the reason and nothing imported or run (invariant 9).
+Cases C21 (naive datetimes, non-UTC TIME_ZONE) and C23 (non-JSON arguments)."""
+
+import asyncio
+import enum
+import math
+import sys
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.test import override_settings
+from qa.tasks import record
+
+from django_leasequeue import EnqueueError, PayloadNotSerializable, UnknownTask, enqueue, store, task
+from django_leasequeue.models import Job
+from django_leasequeue.store import NewJob
+from tests.support import claim, run_claimed
+
+pytestmark = pytest.mark.django_db
+
+
+class Thing:
+    pass
+
+
+class Status(enum.StrEnum):
+    PAID = "paid"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "named", "why"),
+    [
+        ([Decimal("1.10")], {}, "argument 0", "decimal.Decimal"),
+        ([], {"when": datetime(2026, 1, 1, tzinfo=UTC)}, "keyword argument 'when'", "datetime.datetime"),
+        ([], {"day": date(2026, 1, 1)}, "keyword argument 'day'", "datetime.date"),
+        (["ok", uuid.uuid4()], {}, "argument 1", "uuid.UUID"),
+        ([(1, 2)], {}, "argument 0", "JSON would turn it into a list"),
+        ([], {"obj": Thing()}, "keyword argument 'obj'", "Thing"),
+        ([math.nan], {}, "argument 0", "NaN"),
+        ([], {"x": [1, {"deep": math.inf}]}, "keyword argument 'x'[1]['deep']", "infinity"),
+        ([{1: "a"}], {}, "argument 0", "key 1 of type int"),
+        ([{"ok": {None: 1}}], {}, "argument 0['ok']", "key None"),
+        ([b"bytes"], {}, "argument 0", "bytes"),
+        ([{1, 2}], {}, "argument 0", "set"),
+        ([], {"status": Status.PAID}, "keyword argument 'status'", "a subclass of str"),
+        ([Level.HIGH], {}, "argument 0", "a subclass of int"),
+    ],
+)
+def test_c23_non_json_argument_names_it_and_writes_nothing(args, kwargs, named, why):
+    with pytest.raises(PayloadNotSerializable) as err:
+        enqueue(record, args, kwargs)
+    assert named in str(err.value) and why in str(err.value)
+    assert isinstance(err.value, TypeError)  # also catchable as the TypeError it is
+    with pytest.raises(PayloadNotSerializable):
+        record.enqueue(*args, **kwargs)
+    assert Job.objects.count() == 0
+
+
+@task(name="tests.echo")
+def echo(value):
+    return value
+
+
+def test_json_values_round_trip_unchanged():
+    payload = {"s": "é", "i": 2**62, "f": 1.5, "b": False, "n": None, "l": [1, [2, {"k": "v"}]]}
+    job = echo.enqueue(payload)
+    assert job.args == [payload]
+    (claimed,) = claim(store.db_now() + timedelta(seconds=1))
+    assert claimed.args == [payload]
+    assert run_claimed(claimed) == "done"
+    job.refresh_from_db()
+    assert job.result == payload
+
+
+def test_unknown_task_name_is_a_clear_error():
+    with pytest.raises(UnknownTask, match="'qa.no_such_task'.*no task is registered"):
+        enqueue("qa.no_such_task")
+    with pytest.raises(TypeError, match="needs a Task or a registered task name"):
+        enqueue(print)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("name", ["os.system", "qa_never_imported_module.run", "subprocess.call"])
+def test_row_naming_unregistered_task_is_dead_lettered_without_importing(name, tmp_path):
+    marker = tmp_path / "pwned"
+    # A row written by something other than enqueue() (another service, a manual INSERT).
+    store.job_insert([NewJob(task=name, queue="default", priority=0, args_json=f'["touch {marker}"]',
+                             kwargs_json="{}", max_attempts=5)], notify=False, channel="leasequeue")
+    (claimed,) = claim(store.db_now() + timedelta(seconds=1))
+    assert run_claimed(claimed) == "dead"
+    job = Job.objects.get(pk=claimed.id)
+    assert (job.status, job.attempts, len(job.errors)) == ("dead", 1, 1)
+    assert job.errors[0]["type"] == "django_leasequeue.exceptions.UnknownTask"
+    assert f"no task is registered as {name!r}" in job.errors[0]["message"]
+    assert not marker.exists()
+    assert "qa_never_imported_module" not in sys.modules
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1000, True, "5", 1.5])
+def test_priority_out_of_range(priority):
+    with pytest.raises(EnqueueError, match="priority must be an int from -100 to 100"):
+        enqueue(record, priority=priority)
+    assert Job.objects.count() == 0
+
+
+def test_priority_bounds_accepted():
+    assert enqueue(record, priority=100).priority == 100
+    assert enqueue(record, priority=-100).priority == -100
+
+
+@override_settings(LEASEQUEUE={"QUEUES": ["default", "emails"]})
+def test_unknown_queue_when_queues_restricted():
+    with pytest.raises(EnqueueError, match=r"unknown queue 'emial'.*\['default', 'emails'\]"):
+        enqueue(record, queue="emial")
+    with pytest.raises(EnqueueError, match="unknown queue"):
+        record.using(queue="reports").enqueue()
+    assert enqueue(record, queue="emails").queue == "emails"
+    assert Job.objects.count() == 1
+
+
+def test_any_queue_when_queues_not_restricted():
+    assert enqueue(record, queue="anything").queue == "anything"
+
+
+@pytest.mark.parametrize("max_attempts", [0, -1, "3", 1.5, True])
+def test_bad_max_attempts(max_attempts):
+    with pytest.raises(EnqueueError, match="max_attempts"):
+        enqueue(record, max_attempts=max_attempts)
+    assert Job.objects.count() == 0
+
+
+@override_settings(TIME_ZONE="Europe/London")
+def test_c21_naive_run_at_refused_and_aware_local_time_stored_in_utc():
+    with pytest.raises(EnqueueError, match="naive"):
+        enqueue(record, run_at=datetime(2026, 7, 1, 9, 0))
+    with pytest.raises(EnqueueError, match="naive"):
+        record.using(run_at=datetime(2026, 7, 1, 9, 0)).enqueue()
+    with pytest.raises(EnqueueError, match="aware datetime or a timedelta"):
+        enqueue(record, run_at="2026-07-01T09:00:00Z")
+    assert Job.objects.count() == 0
+    # 09:00 in London in July (BST) is 08:00Z; it is due only once the database clock passes it.
+    job = enqueue(record, run_at=datetime(2026, 7, 1, 9, 0, tzinfo=ZoneInfo("Europe/London")))
+    job.refresh_from_db()
+    assert job.run_at == datetime(2026, 7, 1, 8, 0, tzinfo=UTC)
+    assert claim(datetime(2026, 7, 1, 7, 59, 59, tzinfo=UTC)) == []
+    assert [c.id for c in claim(datetime(2026, 7, 1, 8, 0, tzinfo=UTC))] == [job.id]
+
+
+def test_run_at_timedelta_is_from_database_clock():
+    before = store.db_now()
+    job = enqueue(record, run_at=timedelta(minutes=5))
+    after = store.db_now()
+    assert before + timedelta(minutes=5) <= job.run_at <= after + timedelta(minutes=5)
+
+
+def test_bad_unique_key_and_scope():
+    with pytest.raises(EnqueueError, match="unique_scope"):
+        enqueue(record, unique_key="k", unique_scope="forever")
+    with pytest.raises(EnqueueError, match="unique_key"):
+        enqueue(record, unique_key="x" * 256)
+    with pytest.raises(EnqueueError, match="unique_key"):
+        enqueue(record, unique_key=42)
+
+
+def test_using_rejects_options_the_worker_would_ignore():
+    with pytest.raises(TypeError, match="unknown option"):
+        record.using(backoff=5)
+    with pytest.raises(TypeError, match="unknown option"):
+        record.using(timeout=5)
+    with pytest.raises(TypeError, match="unknown option"):
+        record.using(prority=5)
+
+
+def test_task_declaration_errors():
+    from django_leasequeue import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="priority"):
+        task(name="tests.bad_priority", priority=500)(lambda: None)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        task(name="qa.record")(lambda: None)
+
+
+def test_aenqueue_validates_the_same_way():
+    # aenqueue is a thin sync_to_async wrapper; it must validate the same way.
+    with pytest.raises(PayloadNotSerializable):
+        asyncio.run(record.aenqueue(Decimal("1")))

@@ -34,6 +34,7 @@ estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choice
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.timesince import timesince
 
 from . import cron, registry, store
@@ -583,8 +585,12 @@ class JobAdmin(admin.ModelAdmin):
 
     def _back(self, request, job: Job) -> HttpResponse:
         if request.POST.get("_from") == "list":
-            return HttpResponseRedirect(request.META.get("HTTP_REFERER")
-                                        or reverse(f"admin:{APP}_deadletter_changelist"))
+            # Back to the list the button was on (with its filters), if that is this site's page.
+            referer = request.META.get("HTTP_REFERER", "")
+            if not url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()},
+                                                   require_https=request.is_secure()):
+                referer = reverse(f"admin:{APP}_deadletter_changelist")
+            return HttpResponseRedirect(referer)
         return HttpResponseRedirect(reverse(f"admin:{APP}_job_change", args=[job.pk]))
 
     def replay_view(self, request, object_id) -> HttpResponse:
@@ -803,8 +809,6 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
     except LeaseQueueError as exc:
         messages.error(request, f"Schedule {schedule.name!r} was not run: {exc}")
         return None
-    import dataclasses
-
     new = dataclasses.replace(new, schedule_id=schedule.pk)
     settings = get_settings()
     rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel)

@@ -287,6 +287,10 @@ def test_dead_letter_row_replay_button(admin_client):
     assert response.status_code == 302 and response["Location"].endswith(DEAD)
     job.refresh_from_db()
     assert job.status == "ready"
+    # A foreign referer is not followed.
+    other = make_job("dead")
+    response = admin_client.post(replay_url(other.id), {"_from": "list"}, HTTP_REFERER="https://evil.example/x")
+    assert response["Location"] == DEAD
 
 
 def test_dead_letters_visible_with_job_permissions_only(viewer_client):

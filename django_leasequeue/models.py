@@ -211,13 +211,13 @@ class Schedule(models.Model):
         # Arguments first: our message names the offending value, Django's says "Value must be valid JSON".
         others = {f.name for f in self._meta.fields} - {"args", "kwargs"}
         for field, message in self._definition_errors(exclude | others):
-            errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
+            errors.setdefault(field, []).append(ValidationError(message, code="invalid_schedule"))
         try:
             super().clean_fields(exclude=exclude | set(errors))
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
         for field, message in self._definition_errors(exclude | set(errors) | {"args", "kwargs"}):
-            errors.setdefault(field, []).append(ValidationError(message, code="invalid"))
+            errors.setdefault(field, []).append(ValidationError(message, code="invalid_schedule"))
         if errors:
             raise ValidationError(errors)
 

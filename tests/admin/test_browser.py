@@ -61,7 +61,7 @@ def page(monkeypatch):
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             page = context.new_page()
-            page.set_default_timeout(20_000)
+            page.set_default_timeout(60_000)  # generous: CI shares 2 cores with PostgreSQL and workers
             yield page
         finally:
             browser.close()

@@ -545,7 +545,16 @@ class JobAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
+    def save_model(self, request, obj, form, change) -> None:
+        # Never write a job row from a form: only store.py changes job state (see change_view).
+        raise PermissionDenied("jobs are changed through the replay, cancel and retry-now actions")
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method == "POST":
+            # Every field is read-only and the operator actions have their own POST views. Django's
+            # change form would save the whole row from the copy it read, a lost update racing the
+            # workers (it could hand a job's fencing token to two holders), so refuse.
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         obj = self.get_object(request, object_id)
         extra = {
             "title": f"Job #{object_id}",

@@ -109,13 +109,21 @@ class JobContext:
         (:class:`JobCancelled`; the job then ends ``cancelled``); one made after it waits for this
         transaction and finds the job done.
 
+        It must be the outermost transaction (``durable``): inside another ``atomic()`` block its
+        "commit" would only release a savepoint, and the outer block could still roll back the job's
+        completion. It may be used once per attempt, since it completes the job.
+
         Raises:
             LeaseLost: the token is stale; nothing inside the block was committed.
             JobCancelled: an operator asked to cancel the job; nothing inside the block was committed.
+            RuntimeError: used inside another ``atomic()`` block, or a second time in one attempt.
         """
         from . import store
 
-        with transaction.atomic(using=self.alias):
+        if self.completed_in_transaction:
+            raise RuntimeError(f"job {self.job_id}: fenced_atomic() already completed this attempt; "
+                               "put all the fenced writes in one block")
+        with transaction.atomic(using=self.alias, durable=True):
             state = store.job_lock_for_commit(self.job_id, self.lease_version, alias=self.alias)
             if state == "lost":
                 self.mark_lease_lost()

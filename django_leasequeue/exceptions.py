@@ -54,8 +54,11 @@ class Snooze(LeaseQueueError):  # noqa: N818 - the name is the verb, as in Oban 
     """
 
     def __init__(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"Snooze seconds must be >= 0, got {seconds!r}")
+        import math
+
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                or not 0 <= seconds <= 100 * 366 * 24 * 3600:
+            raise ValueError(f"Snooze seconds must be a finite number from 0 to 100 years, got {seconds!r}")
         super().__init__(f"snoozed for {seconds} s")
         self.seconds = float(seconds)
 

@@ -50,8 +50,21 @@ def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str
         tb = "".join(traceback.format_exception(exc))
     except Exception:
         tb = ""
-    return {"attempt": attempt, "type": f"{cls.__module__}.{cls.__qualname__}", "message": message[:MAX_MESSAGE],
-            "traceback": tb[-MAX_TRACEBACK:], "worker": worker}
+    return {"attempt": attempt, "type": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+            "message": storable_text(message[:MAX_MESSAGE]), "traceback": storable_text(tb[-MAX_TRACEBACK:]),
+            "worker": worker}
+
+
+def storable_text(text: str) -> str:
+    """Make text storable in jsonb: NUL becomes U+FFFD and lone surrogates are replaced, so that
+    recording a failure can never fail itself (a message with NUL would lose the error)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def with_reconnect(fn: Callable[[], Any]) -> Any:

@@ -161,7 +161,8 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
                                      or max_attempts < 1):
         raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int >= 1, got {max_attempts!r}")
     for option, value in (("lease", lease), ("timeout", timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
             raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
     if backoff is not None:
         from .retry import Backoff, as_backoff
@@ -247,6 +248,20 @@ def autodiscover() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# Deeper nesting would hit Python's recursion limit in json.dumps (and is never a sane payload).
+MAX_JSON_DEPTH = 500
+
+
+def _check_text(text: str, path: str) -> None:
+    """Refuse strings PostgreSQL's jsonb cannot store: NUL characters and lone surrogates."""
+    if "\x00" in text:
+        raise PayloadNotSerializable(f"{path} contains a NUL character (\\u0000), which PostgreSQL's jsonb rejects")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadNotSerializable(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+
+
 def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
     """Check that ``value`` round-trips through JSON unchanged (same types, same values).
 
@@ -260,18 +275,28 @@ def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
     Raises:
         PayloadNotSerializable: naming ``where`` and the path of the first offending value.
     """
-    stack: list[tuple[Any, str]] = [(value, where)]
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
     scalars = (bool, int, str)
     while stack:
-        item, path = stack.pop()
+        item, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise PayloadNotSerializable(f"{path} is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(item, str):
+            _check_text(item, path)
         if item is None or (type(item) in scalars if exact_scalars else isinstance(item, scalars)):
             continue
         if type(item) is float or (not exact_scalars and isinstance(item, float)):
             if not math.isfinite(item):
                 raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
+            if "e+" in repr(item):
+                # PostgreSQL's jsonb keeps numbers as numeric and prints 1e16 as 10000000000000000,
+                # which comes back as an int.
+                raise PayloadNotSerializable(
+                    f"{path} is {item!r}: floats this large come back from PostgreSQL's jsonb as int; "
+                    "pass it as a str or an int")
             continue
         if isinstance(item, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
             continue
         if isinstance(item, dict):
             for k, v in item.items():
@@ -280,7 +305,8 @@ def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
                         f"{path} has key {k!r} of type {type(k).__name__}: JSON object keys must be str "
                         "(it would come back as a different key)"
                     )
-                stack.append((v, f"{path}[{k!r}]"))
+                _check_text(k, f"{path} key {k!r}")
+                stack.append((v, f"{path}[{k!r}]", depth + 1))
             continue
         hint = ""
         base = next((b.__name__ for b in (int, float, str) if isinstance(item, b)), None)
@@ -310,6 +336,9 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
     for i, value in enumerate(args):
         check_json(value, f"argument {i}")
     for key, value in kwargs.items():
+        if not isinstance(key, str):
+            raise PayloadNotSerializable(f"keyword argument name {key!r} is not a str")
+        _check_text(key, f"keyword argument name {key!r}")
         check_json(value, f"keyword argument {key!r}")
     args_json = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
     kwargs_json = json.dumps(dict(kwargs), separators=(",", ":"), ensure_ascii=False)
@@ -325,6 +354,35 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
 # ---------------------------------------------------------------------------------------------
 # Enqueue
 # ---------------------------------------------------------------------------------------------
+
+
+MAX_QUEUE_LENGTH = 100  # Job.queue's max_length
+MAX_ATTEMPTS_LIMIT = 1_000_000
+MAX_DELAY_SECONDS = 100 * 366 * 24 * 3600.0
+MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+
+
+def _check_name(value: Any, what: str, max_length: int) -> None:
+    """Refuse a queue name, unique key or concurrency key the job table cannot store as given."""
+    if not isinstance(value, str) or not value:
+        raise EnqueueError(f"{what} must be a non-empty str, got {value!r}")
+    if len(value) > max_length:
+        raise EnqueueError(f"{what} is {len(value)} characters long; the limit is {max_length}: {value[:40]!r}...")
+    if "\x00" in value:
+        raise EnqueueError(f"{what} {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EnqueueError(f"{what} {value!r} is not valid UTF-8") from None
+
+
+def _check_lease(value: Any, what: str, error: type[Exception]) -> None:
+    """A lease is None (the worker's default) or finite seconds in (0, 7 days]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_LEASE_SECONDS:
+        raise error(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}], got {value!r}")
 
 
 def _resolve_spec(task_or_name: Task | str) -> Task:
@@ -358,6 +416,7 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
         raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
     args_json, kwargs_json = encode_payload(list(args), kwargs, limit=settings.max_payload_bytes)
     queue = queue or spec.queue or settings.default_queue
+    _check_name(queue, "queue", MAX_QUEUE_LENGTH)
     if not settings.queue_allowed(queue):
         raise EnqueueError(f"unknown queue {queue!r}; LEASEQUEUE['QUEUES'] allows {sorted(settings.queues or [])}")
     priority = spec.priority if priority is None else priority
@@ -365,12 +424,15 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
         raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
     # "is None", not "or": an explicit max_attempts=0 is an error, not a request for the default.
     attempts = max_attempts if max_attempts is not None else (spec.max_attempts or settings.max_attempts)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise EnqueueError(f"max_attempts must be an int >= 1, got {attempts!r}")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+    _check_lease(spec.lease, f"task {spec.name!r}: lease", EnqueueError)
     run_at = spec.run_at if run_at is None else run_at
     delay = 0.0
     if isinstance(run_at, timedelta):
         delay, run_at = run_at.total_seconds(), None
+        if abs(delay) > MAX_DELAY_SECONDS:
+            raise EnqueueError(f"run_at timedelta {run_at!r} is more than 100 years away")
     elif run_at is not None:
         if not isinstance(run_at, datetime):
             raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
@@ -383,8 +445,8 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     unique_scope = unique_scope or spec.unique_scope
     if unique_scope not in ("retained", "active"):
         raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {unique_scope!r}")
-    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key or len(unique_key) > 255):
-        raise EnqueueError(f"unique_key must be a non-empty str of at most 255 characters, got {unique_key!r}")
+    if unique_key is not None:
+        _check_name(unique_key, "unique_key", 255)
     conc_key = None
     if spec.concurrency_key is not None:
         try:
@@ -394,6 +456,7 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
                 conc_key = spec.concurrency_key.format(*args, **kwargs)
         except Exception as exc:
             raise EnqueueError(f"task {spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
+        _check_name(conc_key, f"task {spec.name!r}: concurrency_key", 255)
     return NewJob(task=spec.name, queue=queue, priority=priority, args_json=args_json, kwargs_json=kwargs_json,
                   max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=spec.lease,
                   unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,

@@ -572,13 +572,33 @@ def _load(value: Any) -> Any:
 # Extend the leases of many jobs at once. Only leased_until changes, and leased_until is in no
 # index, so with the table's fillfactor these are HOT updates. Returns the rows still held, with
 # their cancel flag (the heartbeat is how a running handler learns of a cancel request).
+#
+# SKIP LOCKED: a row locked by another transaction (this worker's own fenced_atomic(), or a new
+# holder's) must not stall the heartbeat thread, which renews every job of the process: one long
+# fenced transaction would otherwise let the other jobs' leases expire. A locked row that still
+# carries our token in the statement's snapshot is reported as busy (held, not renewed this time).
 JOB_RENEW = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
-UPDATE {JOB_TABLE} j
-SET leased_until = clock.now + make_interval(secs => d.secs)
-FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(secs)s::float8[]) AS d(id, version, secs)
-WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
-RETURNING j.id, j.leased_until, j.cancel_requested
+WITH clock AS MATERIALIZED ({CLOCK}),
+d AS MATERIALIZED (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(secs)s::float8[]) AS d(id, version, secs)
+),
+held AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j JOIN d ON j.id = d.id
+    WHERE j.lease_version = d.version AND j.status = 'leased'
+    FOR UPDATE OF j SKIP LOCKED
+),
+renewed AS (
+    UPDATE {JOB_TABLE} j
+    SET leased_until = clock.now + make_interval(secs => d.secs)
+    FROM held, d, clock
+    WHERE j.id = held.id AND d.id = held.id
+    RETURNING j.id, j.leased_until, j.cancel_requested
+)
+SELECT r.id, r.leased_until, r.cancel_requested, false FROM renewed r
+UNION ALL
+SELECT j.id, j.leased_until, j.cancel_requested, true
+FROM {JOB_TABLE} j JOIN d ON j.id = d.id
+WHERE j.lease_version = d.version AND j.status = 'leased' AND j.id NOT IN (SELECT id FROM held)
 """
 
 
@@ -589,6 +609,7 @@ class Renewal:
     id: int
     leased_until: datetime
     cancel_requested: bool
+    busy: bool = False  # row locked by another transaction: still ours, not renewed this time
 
 
 def job_renew(leases: Iterable[tuple[int, int, float]], *, now: datetime | None = None,
@@ -606,7 +627,7 @@ def job_renew(leases: Iterable[tuple[int, int, float]], *, now: datetime | None 
               "secs": [float(x[2]) for x in leases]}
     with _cursor(alias) as cur:
         cur.execute(JOB_RENEW, params)
-        return {r[0]: Renewal(r[0], r[1], r[2]) for r in cur.fetchall()}
+        return {r[0]: Renewal(r[0], r[1], r[2], r[3]) for r in cur.fetchall()}
 
 
 # Mark many jobs done in one fenced statement (per row: id, token and status must still match, so

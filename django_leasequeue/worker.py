@@ -35,12 +35,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from . import reaper, registry, signals, store
 from .conf import Settings, get_settings
 from .context import JobContext
-from .executor import Executor, report_lease_lost, with_reconnect
+from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
 from .runtime import Service, close_broken_connections
 
@@ -107,12 +107,17 @@ class Completer(Service):
             items = [(c.job_id, c.lease_version, r) for c, r in batch]
             try:
                 done = with_reconnect(lambda items=items: store.job_complete(items, alias=self.alias))
-            except DatabaseError:
-                # Keep them for the next flush: completion is fenced, so writing it late is safe
-                # (or refused, if the lease expired meanwhile and the job was taken back).
+            except (OperationalError, InterfaceError):
+                # The database is unreachable. Keep them for the next flush: completion is fenced,
+                # so writing it late is safe (or refused, if the lease expired and the job was
+                # taken back meanwhile).
                 for item in batch:
                     self._queue.put(item)
                 raise
+            except DatabaseError:
+                # One row the database refuses must not block every other completion: write them
+                # one by one and record the refused ones as failed attempts.
+                done = self._complete_one_by_one(batch)
             self.completed += len(done)
             if self.on_flush is not None:
                 self.on_flush()
@@ -126,6 +131,23 @@ class Completer(Service):
                     signals.emit("cancelled", **fields)
                 else:
                     report_lease_lost(ctx, write="complete", fields=fields)
+
+    def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> store.Completed:
+        done = store.Completed()
+        for ctx, result in batch:
+            try:
+                one = store.job_complete([(ctx.job_id, ctx.lease_version, result)], alias=self.alias)
+            except (OperationalError, InterfaceError):
+                self._queue.put((ctx, result))
+                raise
+            except DatabaseError as exc:
+                logger.exception("job %s: the database refused its result", ctx.job_id)
+                error = describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id)
+                store.job_fail(ctx.job_id, ctx.lease_version, error, retry_delay=None, alias=self.alias)
+                continue
+            done.update(one)
+            done.cancelled.update(one.cancelled)
+        return done
 
     def on_stop(self) -> None:
         try:
@@ -149,8 +171,8 @@ class HeartbeatService(Service):
         due: list[InFlight] = []
         next_wake = now + 1.0
         for item in self.worker.inflight_snapshot():
-            if item.manual_heartbeat or item.timed_out:
-                continue
+            if item.manual_heartbeat or item.timed_out or item.ctx.completed_in_transaction or item.ctx.lease_lost:
+                continue  # nothing to renew: done by fenced_atomic(), or already lost
             if item.deadline is not None and now >= item.deadline:
                 # Heartbeat bounded by progress: past the task's timeout we stop renewing, so the
                 # lease expires and the job is retried elsewhere. The slot is given back now.
@@ -172,9 +194,15 @@ class HeartbeatService(Service):
                     if not item.ctx.lease_lost:
                         report_lease_lost(item.ctx, write="renew")
                     continue
-                item.ctx.leased_until = renewal.leased_until
                 if renewal.cancel_requested:
                     item.ctx.mark_cancel_requested()
+                if renewal.busy:
+                    # Locked by a transaction (usually the handler's own fenced_atomic()): still
+                    # ours; try again soon rather than wait for the row.
+                    item.next_renewal = now + min(item.renew_every, 1.0)
+                    next_wake = min(next_wake, item.next_renewal)
+                    continue
+                item.ctx.leased_until = renewal.leased_until
                 item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
         if now >= self._next_process_beat:

@@ -128,7 +128,7 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
     except DatabaseError:
         return []
     registry.autodiscover()
-    messages = []
+    messages: list[checks.CheckMessage] = []
     for name, task_name in rows:
         try:
             registry.get_task(task_name)

@@ -806,7 +806,8 @@ class LeaseQueueBackend(BaseTaskBackend):
         Args:
             task: a framework Task (its ``run_after``: aware datetime, ``timedelta`` from the
                 database clock, or None).
-            args, kwargs: the task's arguments; they must round-trip through JSON unchanged.
+            args: the task's positional arguments; they must round-trip through JSON unchanged.
+            kwargs: the task's keyword arguments; the same rule.
 
         Returns:
             The job's ``TaskResult`` (``id`` is the job id); with a ``unique_key`` already taken,

@@ -185,12 +185,19 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
     parameter, the :class:`~django_leasequeue.context.JobContext`, is left out of ``P``.
 
     Args:
+        func: the handler, when used as a bare ``@task``.
         name: registry name; default ``"<module>.<qualname>"``.
         queue: default queue; None means ``LEASEQUEUE["DEFAULT_QUEUE"]``.
         priority: -100..100, higher first.
         max_attempts: claims before dead-lettering (>= 1); None means the setting.
-        backoff, lease, timeout, takes_context, manual_heartbeat, concurrency_key, concurrency_limit:
-            see :class:`Task`. ``lease`` and ``timeout`` are seconds.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
+            None means the ``BACKOFF_*`` settings.
+        lease: lease length in seconds; None means the worker's default (``LEASE``).
+        timeout: seconds after which heartbeats stop (see :class:`Task`); None: no timeout.
+        takes_context: pass the :class:`~django_leasequeue.context.JobContext` as first argument.
+        manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
+        concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.
+        concurrency_limit: at most this many jobs of one ``concurrency_key`` are leased at once.
 
     Returns:
         A :class:`Task`.
@@ -484,9 +491,12 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
 
     Args:
         task_or_name: a :class:`Task` or a registered task name.
-        args, kwargs: the handler's arguments; they must round-trip through JSON unchanged.
+        args: the handler's positional arguments; they must round-trip through JSON unchanged.
+        kwargs: the handler's keyword arguments; the same rule.
         run_at: aware datetime, or a timedelta from the database clock; default: due now.
-        queue, priority, max_attempts: override the task's defaults.
+        queue: overrides the task's queue.
+        priority: overrides the task's priority (-100..100).
+        max_attempts: overrides the task's ``max_attempts``.
         unique_key: idempotency key (at most 255 characters).
         unique_scope: ``"retained"`` (default: the key stays taken while the row exists) or
             ``"active"`` (taken while the job is ready or leased).

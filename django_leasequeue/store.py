@@ -1049,9 +1049,13 @@ class QueueInfo:
     """One queue as :func:`queue_list` reports it.
 
     Attributes:
-        name (str); paused (bool); paused_at (datetime | None, database time); paused_by (str);
-        rate_limit (str | None): the configured ``"N/s|m|h"``; throttled_total (int): claims cut
-        short by the rate limit since the row was created; ready (int): ready jobs (due or not);
+        name (str): the queue name.
+        paused (bool): True while paused.
+        paused_at (datetime | None): when it was paused (database time).
+        paused_by (str): who paused it.
+        rate_limit (str | None): the configured ``"N/s|m|h"``.
+        throttled_total (int): claims cut short by the rate limit since the row was created.
+        ready (int): ready jobs (due or not).
         leased (int): leased jobs.
     """
 

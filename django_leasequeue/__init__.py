@@ -35,21 +35,23 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .context import JobContext
-    from .exceptions import (
-        ConfigurationError,
-        EnqueueError,
-        JobCancelled,
-        LeaseLost,
-        LeaseQueueError,
-        PayloadNotSerializable,
-        PayloadTooLarge,
-        Snooze,
-        UnknownTask,
-    )
-    from .registry import Task, enqueue, enqueue_many, enqueue_on_commit, task
-    from .retry import Backoff
-
+    # "X as X": explicit re-exports for type checkers (__all__ above is computed).
+    from .context import JobContext as JobContext
+    from .exceptions import ConfigurationError as ConfigurationError
+    from .exceptions import EnqueueError as EnqueueError
+    from .exceptions import JobCancelled as JobCancelled
+    from .exceptions import LeaseLost as LeaseLost
+    from .exceptions import LeaseQueueError as LeaseQueueError
+    from .exceptions import PayloadNotSerializable as PayloadNotSerializable
+    from .exceptions import PayloadTooLarge as PayloadTooLarge
+    from .exceptions import Snooze as Snooze
+    from .exceptions import UnknownTask as UnknownTask
+    from .registry import Task as Task
+    from .registry import enqueue as enqueue
+    from .registry import enqueue_many as enqueue_many
+    from .registry import enqueue_on_commit as enqueue_on_commit
+    from .registry import task as task
+    from .retry import Backoff as Backoff
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)

@@ -61,9 +61,10 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.core import checks
 from django.core.signals import setting_changed
@@ -90,12 +91,30 @@ from .compat_tasks import (
 )
 from .context import JobContext
 from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
-from .retry import Backoff
+from .retry import Backoff, BackoffLike
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from .models import Job
+    from .store import ClaimedJob
 
 logger = logging.getLogger("django_leasequeue.backends")
+
+# A framework dataclass (Task or TaskResult) copied by _clone.
+_D = TypeVar("_D", bound="DataclassInstance")
+# A framework task's parameters and return type, carried from the Task to its TaskResult.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+# The framework's Task and TaskContext are generic for type checkers only (django-stubs); at run
+# time they cannot be subscripted, so the subclasses below name these bases.
+if TYPE_CHECKING:
+    _TaskBase = Task[..., Any]
+    _TaskContextBase = TaskContext[..., Any]
+else:
+    _TaskBase = Task
+    _TaskContextBase = TaskContext
 
 __all__ = ["LeaseQueueBackend", "LeaseQueueTask", "LeaseQueueTaskContext", "task_options", "task_result_status"]
 
@@ -167,7 +186,7 @@ def task_options(**options: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @dataclass(frozen=True)
 class _Options:
     max_attempts: int | None = None
-    backoff: Any = None
+    backoff: BackoffLike | None = None
     lease: float | None = None
     timeout: float | None = None
     unique_key: str | Callable[..., str] | None = None
@@ -184,7 +203,7 @@ def _seconds(value: Any, what: str) -> float | None:
     return float(value)
 
 
-def _options_of(task: Task) -> _Options:
+def _options_of(task: Task[..., Any]) -> _Options:
     """The task's own options: its :class:`LeaseQueueTask` fields over :func:`task_options`."""
     merged = dict(getattr(task.func, _FUNC_ATTR, None) or {})
     for name in TASK_OPTION_NAMES:
@@ -203,7 +222,7 @@ def _options_of(task: Task) -> _Options:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseQueueTask(Task):
+class LeaseQueueTask(_TaskBase):
     """The framework's ``Task`` plus django-leasequeue options; the backend's ``task_class``.
 
     On Django 6.1 and on the backport, ``@task(max_attempts=5, backoff=10)`` creates one; on
@@ -225,7 +244,7 @@ class LeaseQueueTask(Task):
     """
 
     max_attempts: int | None = None
-    backoff: Any = None
+    backoff: BackoffLike | None = None
     lease: float | timedelta | None = None
     timeout: float | timedelta | None = None
     unique_key: str | Callable[..., str] | None = None
@@ -251,14 +270,14 @@ class LeaseQueueTask(Task):
                 f"using() got {sorted(unsupported)}; lease, backoff and timeout are per task: set them in "
                 "@task(...) (Django 6.1, backport) or @task_options(...) (Django 6.0)"
             )
-        changes = {name: value for name, value in (
+        changes: dict[str, Any] = {name: value for name, value in (
             ("priority", priority), ("queue_name", queue_name), ("run_after", run_after), ("backend", backend),
             ("max_attempts", max_attempts), ("unique_key", unique_key), ("unique_scope", unique_scope),
         ) if value is not None}
         return dataclasses.replace(self, **changes)
 
 
-def _clone(task: Task, **changes: Any) -> Task:
+def _clone(task: _D, **changes: Any) -> _D:
     """Copy a Task with ``changes`` without running ``__post_init__`` (no re-validation).
 
     Used where a Task that already passed validation is only viewed differently: the framework's
@@ -275,11 +294,11 @@ def _clone(task: Task, **changes: Any) -> Task:
 # The framework-task registry (fed by validate_task, read by the worker through registry)
 # ---------------------------------------------------------------------------------------------
 
-_TASKS: dict[str, Task] = {}
+_TASKS: dict[str, Task[..., Any]] = {}
 _TASKS_LOCK = threading.Lock()
 
 
-def _register(task: Task) -> None:
+def _register(task: Task[..., Any]) -> None:
     """Remember a validated framework Task under its ``module_path``.
 
     The first Task seen for a function is the decorated one (``.using()`` copies come later and
@@ -293,7 +312,7 @@ def _register(task: Task) -> None:
             _TASKS[name] = task
 
 
-def registered_framework_tasks() -> dict[str, Task]:
+def registered_framework_tasks() -> dict[str, Task[..., Any]]:
     """Return a snapshot of the framework tasks this process knows, by ``module_path``."""
     return dict(_TASKS)
 
@@ -312,10 +331,10 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
 setting_changed.connect(_on_setting_changed, dispatch_uid="leasequeue-tasks-backends")
 
 
-def _backend_of(task: Task) -> LeaseQueueBackend:
-    backend = _BACKENDS.get(task.backend)
-    if backend is not None:
-        return backend
+def _backend_of(task: Task[..., Any]) -> LeaseQueueBackend:
+    cached = _BACKENDS.get(task.backend)
+    if cached is not None:
+        return cached
     backend = task.get_backend()
     if not isinstance(backend, LeaseQueueBackend):
         raise InvalidTaskBackend(
@@ -325,7 +344,7 @@ def _backend_of(task: Task) -> LeaseQueueBackend:
     return backend
 
 
-def _spec_for(task: Task, backend: LeaseQueueBackend) -> registry.Task:
+def _spec_for(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task[..., Any]:
     """The native job spec that runs ``task``: its options over the backend's defaults.
 
     Cached on the backend instance (one per thread and ``TASKS`` setting) by Task identity: the
@@ -341,7 +360,7 @@ def _spec_for(task: Task, backend: LeaseQueueBackend) -> registry.Task:
     return spec
 
 
-def _build_spec(task: Task, backend: LeaseQueueBackend) -> registry.Task:
+def _build_spec(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task[..., Any]:
     own = _options_of(task)
     defaults = backend.defaults
     return registry.Task(
@@ -353,7 +372,7 @@ def _build_spec(task: Task, backend: LeaseQueueBackend) -> registry.Task:
     )
 
 
-def _resolve(name: str) -> registry.Task | None:
+def _resolve(name: str) -> registry.Task[..., Any] | None:
     """Registry resolver: the spec of the framework task registered as ``name``, else None.
 
     Only Task objects that passed :meth:`LeaseQueueBackend.validate_task` in this process are
@@ -373,8 +392,9 @@ registry.add_resolver(_resolve)
 # ---------------------------------------------------------------------------------------------
 
 
+# django-stubs declares TaskContext as a plain dataclass; Django's own class is frozen, as is this one.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseQueueTaskContext(TaskContext):
+class LeaseQueueTaskContext(_TaskContextBase):  # type: ignore[misc]
     """The framework's ``TaskContext`` for tasks run by django-leasequeue, with our lease.
 
     A subclass (``isinstance(context, TaskContext)`` holds) that adds the job's
@@ -403,7 +423,7 @@ class LeaseQueueTaskContext(TaskContext):
         """True once this worker is known to have lost the lease (its outcome will be discarded)."""
         return self.job.lease_lost
 
-    def fenced_atomic(self) -> Any:
+    def fenced_atomic(self) -> AbstractContextManager[None]:
         """Context manager: commit the block and the job's completion together, only while this
         worker holds the lease (see :meth:`JobContext.fenced_atomic`). The task's return value is
         stored after the block, fenced on the same token.
@@ -438,8 +458,8 @@ _STARTED_MAX = 100_000
 class _Attempt:
     """What the worker knows of a running attempt, to send ``task_finished`` without a query."""
 
-    task: Task
-    result: TaskResult  # RUNNING, as sent with task_started
+    task: Task[..., Any]
+    result: TaskResult[..., Any]  # RUNNING, as sent with task_started
     exc: BaseException | None = None  # set when the task raised
     value: Any = None
 
@@ -461,7 +481,7 @@ class _Runner:
 
     __slots__ = ("task",)
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task[..., Any]) -> None:
         self.task = task
 
     def __repr__(self) -> str:
@@ -524,7 +544,7 @@ def _load_job(job_id: int, alias: str | None = None) -> Job | None:
     return store.job_get(job_id, alias=alias)
 
 
-def _send(signal: Any, backend: BaseTaskBackend, result: TaskResult) -> None:
+def _send(signal: Any, backend: BaseTaskBackend, result: TaskResult[..., Any]) -> None:
     """Send a framework signal; a failing receiver is logged, never breaks job bookkeeping."""
     for receiver, response in signal.send_robust(sender=type(backend), task_result=result):
         if isinstance(response, Exception):
@@ -555,7 +575,7 @@ def _send_finished(job_id: int, name: str, status: TaskResultStatus) -> None:
     _send(task_finished, backend, result)
 
 
-def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult:
+def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult[..., Any]:
     """The attempt's RUNNING result moved to ``status``: the outcome the executor just wrote.
 
     ``finished_at`` is the worker's clock here; ``get_result`` shows the database's.
@@ -721,7 +741,7 @@ class LeaseQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.config_errors: list[str] = []
-        self._specs: dict[int, tuple[Task, registry.Task]] = {}
+        self._specs: dict[int, tuple[Task[..., Any], registry.Task[..., Any]]] = {}
         queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
         if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable) or not all(
             isinstance(q, str) and 0 < len(q) <= 100 for q in queues
@@ -741,7 +761,7 @@ class LeaseQueueBackend(BaseTaskBackend):
             raise InvalidTaskBackend("; ".join(self.config_errors))
 
     # -- validation ---------------------------------------------------------------------------
-    def validate_task(self, task: Task) -> None:
+    def validate_task(self, task: Task[..., Any]) -> None:
         """Check ``task`` (the framework's rules, plus ours) and register it for the workers.
 
         Accepts ``run_after`` as an aware datetime or a ``timedelta`` (the framework's own check
@@ -780,13 +800,14 @@ class LeaseQueueBackend(BaseTaskBackend):
         _register(task)
 
     # -- enqueue ------------------------------------------------------------------------------
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(self, task: Task[_P, _R], args: Any, kwargs: Any) -> TaskResult[_P, _R]:
         """Write a job for ``task`` in the caller's transaction and return its READY result.
 
         Args:
             task: a framework Task (its ``run_after``: aware datetime, ``timedelta`` from the
                 database clock, or None).
-            args, kwargs: the task's arguments; they must round-trip through JSON unchanged.
+            args: the task's positional arguments; they must round-trip through JSON unchanged.
+            kwargs: the task's keyword arguments; the same rule.
 
         Returns:
             The job's ``TaskResult`` (``id`` is the job id); with a ``unique_key`` already taken,
@@ -814,7 +835,7 @@ class LeaseQueueBackend(BaseTaskBackend):
         return result
 
     # -- results ------------------------------------------------------------------------------
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """Return the ``TaskResult`` of the job ``result_id`` as it is in the database now.
 
         Raises:
@@ -841,7 +862,7 @@ class LeaseQueueBackend(BaseTaskBackend):
             )
         return self.result_from_job(row, task)
 
-    def result_from_job(self, job: Job, task: Task) -> TaskResult:
+    def result_from_job(self, job: Job, task: Task[_P, _R]) -> TaskResult[_P, _R]:
         """Build the framework's ``TaskResult`` from a job row.
 
         ``task`` is shown with the job's queue and priority. ``run_after`` is the job's ``run_at``
@@ -851,7 +872,7 @@ class LeaseQueueBackend(BaseTaskBackend):
         waiting = job.status == "ready" and job.run_at is not None and job.created_at is not None \
             and job.run_at > job.created_at
         view = _clone(task, queue_name=job.queue, priority=job.priority, run_after=job.run_at if waiting else None)
-        result = TaskResult(
+        result: TaskResult[_P, _R] = TaskResult(
             task=view, id=str(job.id), status=status, enqueued_at=job.created_at, started_at=job.started_at,
             finished_at=job.finished_at, last_attempted_at=job.attempted_at, args=job.args, kwargs=job.kwargs,
             backend=self.alias, errors=_task_errors(job.errors or []), worker_ids=_worker_ids(job),
@@ -860,7 +881,7 @@ class LeaseQueueBackend(BaseTaskBackend):
             object.__setattr__(result, "_return_value", job.result)
         return result
 
-    def result_from_claim(self, claim: Any, task: Task, worker_id: str) -> TaskResult:
+    def result_from_claim(self, claim: ClaimedJob, task: Task[..., Any], worker_id: str) -> TaskResult[..., Any]:
         """Build the RUNNING ``TaskResult`` of a first attempt from its claim (a
         ``store.ClaimedJob`` with no failed attempts before it, leased by ``worker_id``), equal to
         what :meth:`result_from_job` gives for the row at that moment, without reading the row."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 
 from .exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 @checks.register()
@@ -62,7 +65,7 @@ def _job_alias(databases: Any) -> str | None:
     return alias
 
 
-def pending_migrations(connection: Any) -> list[str] | None:
+def pending_migrations(connection: BaseDatabaseWrapper) -> list[str] | None:
     """Names of django_leasequeue's migrations not applied on ``connection``, or None when the
     database cannot be read (unreachable, no permission). Never raises a database error."""
     from django.db import DatabaseError
@@ -128,7 +131,7 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
     except DatabaseError:
         return []
     registry.autodiscover()
-    messages = []
+    messages: list[checks.CheckMessage] = []
     for name, task_name in rows:
         try:
             registry.get_task(task_name)

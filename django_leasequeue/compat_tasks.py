@@ -26,7 +26,11 @@ Raises:
 
 from __future__ import annotations
 
-try:
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Type checkers see Django's own framework (django-stubs types django.tasks); at run time the
+    # backport is the fallback on Django 5.2.
     from django.tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
@@ -37,53 +41,72 @@ try:
         task,
         task_backends,
     )
-    from django.tasks import exceptions as _exceptions
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError
+    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist, TaskResultMismatch
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 
-    FRAMEWORK = "django.tasks"
-except ImportError:
+    FRAMEWORK: str
+    InvalidTaskError = InvalidTask
+    InvalidTaskBackendError = InvalidTaskBackend
+else:
     try:
-        from django_tasks import (
+        from django.tasks import (
             DEFAULT_TASK_BACKEND_ALIAS,
             DEFAULT_TASK_QUEUE_NAME,
+            Task,
             TaskContext,
             TaskResult,
             TaskResultStatus,
             task,
             task_backends,
         )
-        from django_tasks import checks as _checks  # noqa: F401  (registers the framework's system check)
-        from django_tasks import exceptions as _exceptions
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskError
-        from django_tasks.signals import task_enqueued, task_finished, task_started
-    except ImportError as exc:
-        raise ImportError(
-            "django_leasequeue.backends needs Django's tasks framework: Django >= 6.0 (django.tasks) or, on "
-            'Django 5.2, the backport: pip install "django-leasequeue[tasks-backport]"'
-        ) from exc
-    FRAMEWORK = "django_tasks"
+        from django.tasks import exceptions as _exceptions
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import TaskError
+        from django.tasks.signals import task_enqueued, task_finished, task_started
 
-try:  # Django >= 6.0 keeps it in django.utils.json; the backport in its utils module.
-    from django.utils.json import normalize_json
-except ImportError:
-    from django_tasks.utils import normalize_json
+        FRAMEWORK = "django.tasks"
+    except ImportError:
+        try:
+            from django_tasks import (
+                DEFAULT_TASK_BACKEND_ALIAS,
+                DEFAULT_TASK_QUEUE_NAME,
+                TaskContext,
+                TaskResult,
+                TaskResultStatus,
+                task,
+                task_backends,
+            )
+            from django_tasks import checks as _checks  # noqa: F401  (registers the framework's system check)
+            from django_tasks import exceptions as _exceptions
+            from django_tasks.backends.base import BaseTaskBackend
+            from django_tasks.base import Task, TaskError
+            from django_tasks.signals import task_enqueued, task_finished, task_started
+        except ImportError as exc:
+            raise ImportError(
+                "django_leasequeue.backends needs Django's tasks framework: Django >= 6.0 (django.tasks) or, on "
+                'Django 5.2, the backport: pip install "django-leasequeue[tasks-backport]"'
+            ) from exc
+        FRAMEWORK = "django_tasks"
 
+    try:  # Django >= 6.0 keeps it in django.utils.json; the backport in its utils module.
+        from django.utils.json import normalize_json
+    except ImportError:
+        from django_tasks.utils import normalize_json
 
-def _first(*names: str) -> type[Exception]:
-    for name in names:
-        found = getattr(_exceptions, name, None)
-        if found is not None:
-            return found
-    raise ImportError(f"the installed tasks framework ({FRAMEWORK}) has none of {names}")
+    def _first(*names: str) -> type[Exception]:
+        for name in names:
+            found = getattr(_exceptions, name, None)
+            if found is not None:
+                return found
+        raise ImportError(f"the installed tasks framework ({FRAMEWORK}) has none of {names}")
 
-
-InvalidTask = InvalidTaskError = _first("InvalidTask", "InvalidTaskError")
-InvalidTaskBackend = InvalidTaskBackendError = _first("InvalidTaskBackend", "InvalidTaskBackendError")
-TaskResultDoesNotExist = _first("TaskResultDoesNotExist", "ResultDoesNotExist")
-TaskResultMismatch = _first("TaskResultMismatch")
+    InvalidTask = InvalidTaskError = _first("InvalidTask", "InvalidTaskError")
+    InvalidTaskBackend = InvalidTaskBackendError = _first("InvalidTaskBackend", "InvalidTaskBackendError")
+    TaskResultDoesNotExist = _first("TaskResultDoesNotExist", "ResultDoesNotExist")
+    TaskResultMismatch = _first("TaskResultMismatch")
 
 __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",

@@ -7,11 +7,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
 from .exceptions import JobCancelled, LeaseLost
+
+if TYPE_CHECKING:
+    from .store import ClaimedJob
 
 
 @dataclass(eq=False)
@@ -47,7 +50,7 @@ class JobContext:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     completed_in_transaction: bool = False
     timed_out: bool = False
-    claim: Any = field(default=None, repr=False)
+    claim: ClaimedJob | None = field(default=None, repr=False)
 
     @property
     def lease_lost(self) -> bool:

@@ -91,7 +91,7 @@ import functools
 import re
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo
@@ -267,7 +267,7 @@ def _compile_str(expr: str) -> _Spec:
     return _Spec(text, wildcard, day_expr, hours, minutes, seconds)
 
 
-def _values(expanded: list[int | str], size: int) -> tuple[int, ...]:
+def _values(expanded: Sequence[int | str], size: int) -> tuple[int, ...]:
     """Sorted values of one expanded croniter time field (``['*']`` means all of ``range(size)``)."""
     if "*" in expanded:
         return tuple(range(size))

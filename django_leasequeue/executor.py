@@ -22,7 +22,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
@@ -34,6 +34,8 @@ from .retry import Backoff, as_backoff
 from .runtime import close_broken_connections
 
 logger = logging.getLogger("django_leasequeue.executor")
+
+T = TypeVar("T")
 
 MAX_MESSAGE = 4000
 MAX_TRACEBACK = 20000
@@ -67,7 +69,7 @@ def storable_text(text: str) -> str:
     return text
 
 
-def with_reconnect(fn: Callable[[], Any]) -> Any:
+def with_reconnect(fn: Callable[[], T]) -> T:
     """Call a store function; on a dropped connection, close it and try once more on a new one.
 
     Every store write is fenced, so repeating one is safe: if the first attempt did commit, the

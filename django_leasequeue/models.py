@@ -8,6 +8,10 @@ index, so heartbeat renewals can be HOT updates.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.db import models, router
 from django.db.models import Q
@@ -121,7 +125,7 @@ class Job(models.Model):
         return f"#{self.id} {self.task} [{self.status}]"
 
     @property
-    def last_error(self) -> dict | None:
+    def last_error(self) -> dict[str, Any] | None:
         """The newest entry of :attr:`errors`, or None."""
         return self.errors[-1] if self.errors else None
 
@@ -183,7 +187,7 @@ class Schedule(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.cron})"
 
-    def save(self, **kwargs) -> None:
+    def save(self, **kwargs: Any) -> None:
         """Validate (``full_clean``), keep ``next_occurrence_at`` right, then save.
 
         Raises:
@@ -200,13 +204,13 @@ class Schedule(models.Model):
         """The IANA zone the cron expression is read in: ``timezone``, or ``settings.TIME_ZONE`` if blank."""
         return _zone_name(self.timezone)
 
-    def clean_fields(self, exclude=None) -> None:
+    def clean_fields(self, exclude: Iterable[str] | None = None) -> None:
         """Django's field validation plus the schedule's own checks (see the class docstring).
 
         Raises:
             ValidationError: keyed by field, each message naming the offending value.
         """
-        errors: dict = {}
+        errors: dict[str, Any] = {}
         exclude = set(exclude or ())
         # Arguments first: our message names the offending value, Django's says "Value must be valid JSON".
         others = {f.name for f in self._meta.fields} - {"args", "kwargs"}
@@ -221,7 +225,7 @@ class Schedule(models.Model):
         if errors:
             raise ValidationError(errors)
 
-    def _definition_errors(self, skip: set[str]):
+    def _definition_errors(self, skip: set[str]) -> Iterator[tuple[str, str]]:
         from . import cron, registry
         from .conf import get_settings
         from .exceptions import PayloadNotSerializable, UnknownTask
@@ -309,7 +313,7 @@ def _zone_name(timezone: str) -> str:
     return timezone or settings.TIME_ZONE or "UTC"
 
 
-def _latest(a, b):
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
     if a is None:
         return b
     if b is None:

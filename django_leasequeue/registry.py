@@ -13,30 +13,68 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from .conf import get_settings
 from .exceptions import ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge, UnknownTask
 from .retry import BackoffLike
 
 if TYPE_CHECKING:
+    from .context import JobContext
     from .models import Job
+    from .store import NewJob
 
-_REGISTRY: dict[str, Task] = {}
+#: The handler's parameters, as ``enqueue()`` must receive them (without the context).
+P = ParamSpec("P")
+#: The handler's return type.
+R = TypeVar("R")
+
+_REGISTRY: dict[str, Task[..., Any]] = {}
 _LOCK = threading.Lock()
 # Extra resolvers (the Django tasks backend registers one) consulted after the native registry.
-_RESOLVERS: list[Callable[[str], Any]] = []
+_RESOLVERS: list[Callable[[str], Task[..., Any] | None]] = []
 _autodiscovered = False
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 
 
+class JobOptions(TypedDict, total=False):
+    """Per-enqueue options of :func:`enqueue`, :func:`enqueue_many` and :func:`enqueue_on_commit`
+    (all optional; see :func:`enqueue` for their meaning)."""
+
+    run_at: datetime | timedelta | None
+    queue: str | None
+    priority: int | None
+    unique_key: str | None
+    unique_scope: str | None
+    max_attempts: int | None
+
+
+class UsingOptions(TypedDict, total=False):
+    """Options :meth:`Task.using` accepts (all optional; see :func:`enqueue`). ``lease`` is in seconds."""
+
+    run_at: datetime | timedelta | None
+    queue: str | None
+    priority: int
+    unique_key: str | None
+    unique_scope: str
+    max_attempts: int | None
+    lease: float | None
+
+
 @dataclass(frozen=True)
-class Task:
+class Task(Generic[P, R]):
     """A registered handler plus its queue options. Create with :func:`task`; immutable.
 
     Calling the object calls the handler in-process (no queue). ``enqueue()`` writes a job;
     ``using()`` returns a copy with other options (like Django's ``Task.using``).
+
+    Typing: ``Task[P, R]`` is generic over the handler's parameters ``P`` *as enqueued* and its
+    return type ``R``, so a type checker checks ``enqueue(*args, **kwargs)`` against the handler's
+    signature. For a ``takes_context=True`` handler ``P`` leaves out the first parameter (the
+    :class:`~django_leasequeue.context.JobContext` the worker passes). Calling the task object
+    directly (``task(...)``) passes the arguments through unchanged, context included, so it is
+    typed loosely (``(*args: Any, **kwargs: Any) -> R``).
 
     Attributes:
         func: the handler.
@@ -55,7 +93,7 @@ class Task:
         concurrency_limit (int | None): see ``concurrency_key``.
     """
 
-    func: Callable[..., Any]
+    func: Callable[..., R]
     name: str
     queue: str | None = None
     priority: int = 0
@@ -72,10 +110,10 @@ class Task:
     unique_key: str | None = field(default=None, compare=False)
     unique_scope: str = field(default="retained", compare=False)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)
 
-    def using(self, **options: Any) -> Task:
+    def using(self, **options: Unpack[UsingOptions]) -> Task[P, R]:
         """Return a copy with other options for the jobs it enqueues (``run_at``, ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds).
 
@@ -91,35 +129,75 @@ class Task:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
         return dataclasses.replace(self, **options)
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Enqueue one job of this task in the caller's transaction. See :func:`enqueue`."""
         return enqueue(self, args, kwargs)
 
-    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> None:
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Enqueue one job when the current transaction commits. See :func:`enqueue_on_commit`."""
         enqueue_on_commit(self, args, kwargs)
 
-    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async wrapper of :meth:`enqueue` (runs it in a thread with ``sync_to_async``)."""
         from asgiref.sync import sync_to_async
 
         return await sync_to_async(self.enqueue)(*args, **kwargs)
 
 
+@overload
+def task(func: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
+         timeout: float | None = None, takes_context: Literal[False] = False, manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
+         timeout: float | None = None, takes_context: Literal[True], manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
+         timeout: float | None = None, takes_context: bool, manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
+
+
 def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
          priority: int = 0, max_attempts: int | None = None, backoff: BackoffLike | None = None,
          lease: float | None = None, timeout: float | None = None, takes_context: bool = False,
          manual_heartbeat: bool = False, concurrency_key: str | Callable[..., str] | None = None,
-         concurrency_limit: int | None = None) -> Any:
+         concurrency_limit: int | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
     """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
 
+    The returned :class:`Task` keeps the handler's signature for type checkers:
+    ``Task[P, R]``, whose ``enqueue(*args: P.args, **kwargs: P.kwargs)`` is checked against the
+    handler's parameters. With ``takes_context=True`` (given as the literal ``True``) the first
+    parameter, the :class:`~django_leasequeue.context.JobContext`, is left out of ``P``.
+
     Args:
+        func: the handler, when used as a bare ``@task``.
         name: registry name; default ``"<module>.<qualname>"``.
         queue: default queue; None means ``LEASEQUEUE["DEFAULT_QUEUE"]``.
         priority: -100..100, higher first.
         max_attempts: claims before dead-lettering (>= 1); None means the setting.
-        backoff, lease, timeout, takes_context, manual_heartbeat, concurrency_key, concurrency_limit:
-            see :class:`Task`. ``lease`` and ``timeout`` are seconds.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
+            None means the ``BACKOFF_*`` settings.
+        lease: lease length in seconds; None means the worker's default (``LEASE``).
+        timeout: seconds after which heartbeats stop (see :class:`Task`); None: no timeout.
+        takes_context: pass the :class:`~django_leasequeue.context.JobContext` as first argument.
+        manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
+        concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.
+        concurrency_limit: at most this many jobs of one ``concurrency_key`` are leased at once.
 
     Returns:
         A :class:`Task`.
@@ -128,14 +206,15 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         ConfigurationError: a bad option, or another function already registered under ``name``.
     """
 
-    def register(fn: Callable[..., Any]) -> Task:
+    def register(fn: Callable[..., Any]) -> Task[..., Any]:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
         check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease, timeout=timeout,
                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
-        spec = Task(func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts,
-                    backoff=backoff, lease=lease, timeout=timeout, takes_context=takes_context,
-                    manual_heartbeat=manual_heartbeat, concurrency_key=concurrency_key,
-                    concurrency_limit=concurrency_limit)
+        spec: Task[..., Any] = Task(
+            func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
+            lease=lease, timeout=timeout, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+        )
         register_task(spec)
         return spec
 
@@ -177,7 +256,7 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
         raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
 
 
-def register_task(spec: Task) -> None:
+def register_task(spec: Task[..., Any]) -> None:
     """Add a task to the registry.
 
     Raises:
@@ -197,13 +276,13 @@ def _qualified(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def add_resolver(resolver: Callable[[str], Any]) -> None:
+def add_resolver(resolver: Callable[[str], Task[..., Any] | None]) -> None:
     """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend)."""
     if resolver not in _RESOLVERS:
         _RESOLVERS.append(resolver)
 
 
-def get_task(name: str) -> Any:
+def get_task(name: str) -> Task[..., Any]:
     """Return the registered task called ``name``.
 
     Raises:
@@ -219,7 +298,7 @@ def get_task(name: str) -> Any:
     raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run)")
 
 
-def registered_tasks() -> dict[str, Task]:
+def registered_tasks() -> dict[str, Task[..., Any]]:
     """Return a snapshot of the native registry, by name."""
     return dict(_REGISTRY)
 
@@ -385,7 +464,7 @@ def _check_lease(value: Any, what: str, error: type[Exception]) -> None:
         raise error(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}], got {value!r}")
 
 
-def _resolve_spec(task_or_name: Task | str) -> Task:
+def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
     if isinstance(task_or_name, Task):
         return task_or_name
     if isinstance(task_or_name, str):
@@ -399,10 +478,10 @@ def _resolve_spec(task_or_name: Task | str) -> Task:
     raise TypeError(f"enqueue() needs a Task or a registered task name, got {task_or_name!r}")
 
 
-def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
               run_at: datetime | timedelta | None = None, queue: str | None = None,
               priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
-              max_attempts: int | None = None):
+              max_attempts: int | None = None) -> NewJob:
     """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
 
     Raises:
@@ -463,7 +542,7 @@ def build_job(spec: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
                   concurrency_limit=spec.concurrency_limit if conc_key is not None else None)
 
 
-def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
             run_at: datetime | timedelta | None = None, queue: str | None = None, priority: int | None = None,
             unique_key: str | None = None, unique_scope: str | None = None,
             max_attempts: int | None = None) -> Job:
@@ -475,9 +554,12 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
 
     Args:
         task_or_name: a :class:`Task` or a registered task name.
-        args, kwargs: the handler's arguments; they must round-trip through JSON unchanged.
+        args: the handler's positional arguments; they must round-trip through JSON unchanged.
+        kwargs: the handler's keyword arguments; the same rule.
         run_at: aware datetime, or a timedelta from the database clock; default: due now.
-        queue, priority, max_attempts: override the task's defaults.
+        queue: overrides the task's queue.
+        priority: overrides the task's priority (-100..100).
+        max_attempts: overrides the task's ``max_attempts``.
         unique_key: idempotency key (at most 255 characters).
         unique_scope: ``"retained"`` (default: the key stays taken while the row exists) or
             ``"active"`` (taken while the job is ready or leased).
@@ -497,7 +579,7 @@ def enqueue(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[
     return insert_job(new)[0]
 
 
-def insert_job(new: Any) -> tuple[Job, bool]:
+def insert_job(new: NewJob) -> tuple[Job, bool]:
     """Insert one job built by :func:`build_job` in the caller's transaction.
 
     Returns:
@@ -525,8 +607,9 @@ def insert_job(new: Any) -> tuple[Job, bool]:
     raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
 
 
-def enqueue_many(task_or_name: Task | str, arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
-                 **options: Any) -> int:
+def enqueue_many(task_or_name: Task[..., Any] | str,
+                 arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+                 **options: Unpack[JobOptions]) -> int:
     """Enqueue many jobs of one task in one INSERT statement (bulk), in the caller's transaction.
 
     Args:
@@ -557,8 +640,8 @@ def enqueue_many(task_or_name: Task | str, arg_list: Iterable[Sequence[Any] | tu
     return total
 
 
-def enqueue_on_commit(task_or_name: Task | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-                      **options: Any) -> None:
+def enqueue_on_commit(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (),
+                      kwargs: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]) -> None:
     """Enqueue when the current transaction commits (``transaction.on_commit``); same arguments as
     :func:`enqueue`.
 

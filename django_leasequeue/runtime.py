@@ -20,6 +20,7 @@ import random
 import signal
 import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from django.db import connections
 
@@ -154,7 +155,7 @@ def run_services(services: Sequence[Service], *, install_signals: bool = True,
     stop_event = stop_when or threading.Event()
     signals_seen = 0
 
-    def handle(signum, frame):  # noqa: ARG001
+    def handle(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
         nonlocal signals_seen
         signals_seen += 1
         if signals_seen > 1:

@@ -45,7 +45,7 @@ from django.db import transaction
 from . import cron, registry, signals, store
 from .conf import Settings, get_settings
 from .exceptions import ConfigurationError, UnknownTask
-from .models import Schedule
+from .models import Job, Schedule
 from .runtime import Service
 
 logger = logging.getLogger("django_leasequeue.scheduler")
@@ -396,7 +396,8 @@ class SchedulerService(Service):
             self._reported.pop((row.id, "error"), None)
             plans.append((row, plan))
             jobs += new
-        inserted: dict[tuple[int, datetime], Any] = {}
+        inserted: dict[tuple[int | None, datetime | None], Job] = {}
+        job: Job | None
         for start in range(0, len(jobs), INSERT_BATCH):
             for job in store.job_insert(jobs[start:start + INSERT_BATCH], notify=self.settings.notify,
                                         channel=self.settings.notify_channel, now=now, alias=self.alias):

@@ -32,11 +32,15 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, router, transaction
+from django.db.backends.utils import CursorWrapper
 
 from .models import Job, QueueState, Schedule, WorkerProcess
+
+if TYPE_CHECKING:
+    from .conf import RateLimit
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
@@ -52,7 +56,7 @@ def db_alias() -> str:
     return router.db_for_write(Job)
 
 
-def _cursor(alias: str | None = None):
+def _cursor(alias: str | None = None) -> CursorWrapper:
     return connections[alias or db_alias()].cursor()
 
 
@@ -64,7 +68,8 @@ def db_now(alias: str | None = None) -> datetime:
     """Return the database statement clock (``leasequeue_now()``) as an aware datetime."""
     with _cursor(alias) as cur:
         cur.execute("SELECT leasequeue_now()")
-        return cur.fetchone()[0]
+        now: datetime = cur.fetchone()[0]
+        return now
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +101,7 @@ class NewJob:
     occurrence_at: datetime | None = None
 
 
-_JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
+_JOB_COLUMNS = [cast(str, f.column) for f in Job._meta.concrete_fields]
 _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
 
 # Insert many jobs in one statement (unnest of parallel arrays), skipping unique-key conflicts.
@@ -212,8 +217,8 @@ class ClaimedJob:
     id: int
     task: str
     queue: str
-    args: list
-    kwargs: dict
+    args: list[Any]
+    kwargs: dict[str, Any]
     attempts: int
     max_attempts: int
     lease_version: int
@@ -485,7 +490,7 @@ picked AS MATERIALIZED (
 """
 
 
-class ClaimResult(list):
+class ClaimResult(list[ClaimedJob]):
     """The jobs leased by :func:`job_claim` (a list of :class:`ClaimedJob`), plus throttling news.
 
     Attributes:
@@ -511,7 +516,7 @@ def _claimed(r: Sequence[Any]) -> ClaimedJob:
 
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
               now: datetime | None = None, alias: str | None = None,
-              rate_limits: Mapping[str, Any] | None = None) -> ClaimResult:
+              rate_limits: Mapping[str, RateLimit] | None = None) -> ClaimResult:
     """Lease up to ``limit`` due ready jobs.
 
     Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
@@ -647,7 +652,7 @@ RETURNING j.id, j.status
 """
 
 
-class Completed(set):
+class Completed(set[int]):
     """The ids :func:`job_complete` marked ``done`` (a set of int).
 
     Attributes:
@@ -927,7 +932,8 @@ def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = No
     """
     with _cursor(alias) as cur:
         cur.execute(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit})
-        return cur.rowcount
+        deleted: int = cur.rowcount
+        return deleted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1064,9 +1070,13 @@ class QueueInfo:
     """One queue as :func:`queue_list` reports it.
 
     Attributes:
-        name (str); paused (bool); paused_at (datetime | None, database time); paused_by (str);
-        rate_limit (str | None): the configured ``"N/s|m|h"``; throttled_total (int): claims cut
-        short by the rate limit since the row was created; ready (int): ready jobs (due or not);
+        name (str): the queue name.
+        paused (bool): True while paused.
+        paused_at (datetime | None): when it was paused (database time).
+        paused_by (str): who paused it.
+        rate_limit (str | None): the configured ``"N/s|m|h"``.
+        throttled_total (int): claims cut short by the rate limit since the row was created.
+        ready (int): ready jobs (due or not).
         leased (int): leased jobs.
     """
 
@@ -1240,7 +1250,8 @@ def process_heartbeat(process_id: str, *, tick: bool = False, now: datetime | No
     """Touch a process row's heartbeat (and its scheduler tick when ``tick``); False if it was pruned."""
     with _cursor(alias) as cur:
         cur.execute(PROCESS_HEARTBEAT, {"now": now, "id": process_id, "tick": tick})
-        return cur.rowcount == 1
+        touched: int = cur.rowcount
+        return touched == 1
 
 
 def process_deregister(process_id: str, *, alias: str | None = None) -> None:
@@ -1260,7 +1271,8 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
     """Delete process rows whose heartbeat is older than ``older_than`` seconds; return the count."""
     with _cursor(alias) as cur:
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
-        return cur.rowcount
+        deleted: int = cur.rowcount
+        return deleted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1331,8 +1343,8 @@ class ScheduleRow:
     id: int
     name: str
     task: str
-    args: list
-    kwargs: dict
+    args: list[Any]
+    kwargs: dict[str, Any]
     cron: str
     timezone: str
     queue: str
@@ -1430,7 +1442,7 @@ def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = No
     """
     if not items:
         return set()
-    params = {"id": [i.schedule_id for i in items], "last": [i.last for i in items],
+    params: dict[str, Any] = {"id": [i.schedule_id for i in items], "last": [i.last for i in items],
               "next": [i.next_at for i in items], "skipped": [int(i.skipped) for i in items],
               "cron": [i.cron for i in items], "timezone": [i.timezone for i in items]}
     with _cursor(alias) as cur:
@@ -1598,7 +1610,8 @@ def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | 
     """
     with _cursor(alias) as cur:
         cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
-        return cur.rowcount == 1
+        written: int = cur.rowcount
+        return written == 1
 
 
 # Read one job by primary key (no lock): the tasks backend's get_result and the start of each

@@ -25,6 +25,7 @@ cancelled (see :mod:`signals`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue as queue_module
@@ -106,7 +107,7 @@ class Completer(Service):
                 batch.append(self._queue.get_nowait())
             items = [(c.job_id, c.lease_version, r) for c, r in batch]
             try:
-                done = with_reconnect(lambda items=items: store.job_complete(items, alias=self.alias))
+                done = with_reconnect(functools.partial(store.job_complete, items, alias=self.alias))
             except (OperationalError, InterfaceError):
                 # The database is unreachable. Keep them for the next flush: completion is fenced,
                 # so writing it late is safe (or refused, if the lease expired and the job was

@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_leasequeue import store
 from django_leasequeue.conf import get_settings
@@ -21,7 +21,7 @@ from django_leasequeue.exceptions import ConfigurationError
 class Command(BaseCommand):
     help = "Pause, resume or list django-leasequeue queues."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["pause", "resume", "list"])
         parser.add_argument("names", nargs="*", metavar="NAME", help="queue name(s) (pause/resume)")
         parser.add_argument("--by", default=None, help="who pauses (default: the OS user name)")

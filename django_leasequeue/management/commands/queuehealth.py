@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_leasequeue import health
@@ -32,7 +33,7 @@ from django_leasequeue.health import Level
 UNKNOWN = int(Level.UNKNOWN)
 
 
-def _threshold(direction: str, duration: bool):
+def _threshold(direction: str, duration: bool) -> Callable[[str], health.Threshold]:
     def threshold(text: str) -> health.Threshold:
         try:
             return health.parse_threshold(text, direction=direction, duration=duration)
@@ -65,19 +66,19 @@ class Command(BaseCommand):
             "Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.")
     requires_system_checks: list[str] = []
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any):
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         original_exit = parser.exit
 
-        def exit_unknown(status: int = 0, message: str | None = None) -> None:
+        def exit_unknown(status: int = 0, message: str | None = None) -> NoReturn:
             # argparse exits 2 on a usage error, which a monitoring system would read as
             # CRITICAL; a check that cannot run is UNKNOWN (3).
             original_exit(UNKNOWN if status == 2 else status, message)
 
-        parser.exit = exit_unknown
+        parser.exit = exit_unknown  # type: ignore[method-assign]  # per-instance override, as argparse allows
         return parser
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", action="append", default=[], metavar="NAME",
                             help="check this queue on its own (repeatable); default: the whole system")
         parser.add_argument("--max-oldest-age", type=_threshold("max", True), metavar="[WARN:]CRIT",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 
 class Command(BaseCommand):
     help = "Run the django-leasequeue reaper: expired leases back to ready (or dead), prune finished jobs."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--interval", type=float, default=None, help="seconds between sweeps (default: setting)")
         parser.add_argument("--once", action="store_true", help="one sweep, then exit")
 

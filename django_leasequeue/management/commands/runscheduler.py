@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_leasequeue.exceptions import ConfigurationError
 
@@ -14,7 +14,7 @@ class Command(BaseCommand):
     help = ("Run the django-leasequeue scheduler: sync LEASEQUEUE_SCHEDULES, then emit one job per due "
             "occurrence. Any number may run at once.")
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--interval", type=float, default=None,
                             help="maximum seconds between ticks (default 1); the scheduler also wakes at the "
                                  "next occurrence")

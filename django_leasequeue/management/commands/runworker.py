@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_leasequeue.conf import get_settings
 from django_leasequeue.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from django_leasequeue.runtime import Service
 
 
 class Command(BaseCommand):
     help = "Run a django-leasequeue worker: claim due jobs with leases and run them on threads."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", default=None,
                             help="comma-separated queues to serve; '*' (default) serves every queue")
         parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
@@ -50,7 +53,7 @@ class Command(BaseCommand):
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
                                reap=not options["no_reaper"], settings=settings)
-        services = [worker]
+        services: list[Service] = [worker]
         if options["with_scheduler"]:
             from django_leasequeue.scheduler import SchedulerService
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_leasequeue.exceptions import ConfigurationError
 
@@ -13,7 +13,7 @@ class Command(BaseCommand):
     help = ("Write LEASEQUEUE_SCHEDULES into the schedule table (schedulers also do it when they start). "
             "Settings win for the schedules they declare; removed ones are disabled, not deleted.")
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--check", action="store_true", help="only validate the setting; write nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -167,8 +167,13 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report an invalid ``LEASEQUEUE_SCHEDULES`` setting as ``leasequeue.E003`` (at deploy time,
     before a scheduler refuses to start)."""
+    from .conf import get_settings
     from .scheduler import load_settings_schedules
 
+    try:
+        get_settings()
+    except ConfigurationError:
+        return []  # reported once, as leasequeue.E001
     try:
         load_settings_schedules()
     except ConfigurationError as exc:
@@ -177,3 +182,25 @@ def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         return [checks.Error(f"importing the task modules failed: {exc!r}", id="leasequeue.E004",
                              hint="Workers import every installed app's tasks.py/jobs.py and LEASEQUEUE['IMPORTS'].")]
     return []
+
+
+def require_migrated() -> None:
+    """Raise ``CommandError`` naming the migrations to apply when the job table's database is not
+    migrated, so ``runworker``, ``runscheduler`` and ``runreaper`` stop with one clear line instead
+    of a traceback about a missing table or ``leasequeue_now()`` function.
+
+    Raises:
+        CommandError: migrations of django_leasequeue are not applied (or the database is down).
+    """
+    from django.core.management.base import CommandError
+    from django.db import connections
+
+    from .store import db_alias
+
+    alias = db_alias()
+    pending = pending_migrations(connections[alias])
+    if pending is None:
+        raise CommandError(f"cannot read the migration state of database {alias!r}: is PostgreSQL reachable?")
+    if pending:
+        raise CommandError(f"database {alias!r} lacks {len(pending)} migration(s) of django_leasequeue "
+                           f"({', '.join(pending)}): run `manage.py migrate` first")

@@ -162,6 +162,16 @@ class Executor:
                 delay = self.default_backoff.delay(job.attempts)
             return self._fail(job, ctx, exc, retry_delay=delay, fields=fields)
         if ctx.completed_in_transaction:
+            # fenced_atomic() marked the job done before the handler returned: store the return
+            # value now, fenced on the same token (a JSON-incompatible value is logged, not fatal:
+            # the work is committed).
+            if result is not None:
+                try:
+                    result_json = registry.json_dumps_result(result)
+                    with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, result_json,
+                                                                alias=self.alias))
+                except (PayloadNotSerializable, DatabaseError):
+                    logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)
             signals.emit("succeeded", **fields)
             return "done"
         try:

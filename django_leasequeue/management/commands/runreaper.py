@@ -16,9 +16,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_leasequeue import reaper
+        from django_leasequeue.checks import require_migrated
         from django_leasequeue.conf import get_settings
         from django_leasequeue.runtime import run_services
 
+        require_migrated()
         if options["once"]:
             reaped = reaper.reap_once()
             pruned = reaper.prune_once(get_settings())

@@ -24,9 +24,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_leasequeue import store
+        from django_leasequeue.checks import require_migrated
         from django_leasequeue.runtime import run_services
         from django_leasequeue.scheduler import SchedulerService, sync_schedules
 
+        require_migrated()
         once = options["once"]
         try:
             # A one-shot tick (e.g. from system cron) records itself under one row per host, kept after

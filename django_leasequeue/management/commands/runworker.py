@@ -39,6 +39,9 @@ class Command(BaseCommand):
             settings = get_settings()
         except ConfigurationError as exc:
             raise CommandError(str(exc))
+        from django_leasequeue.checks import require_migrated
+
+        require_migrated()
         queues_opt = options["queues"]
         queues = None if queues_opt in (None, "", "*") else [q.strip() for q in queues_opt.split(",") if q.strip()]
         if queues is not None and settings.queues is not None:
@@ -61,6 +64,13 @@ class Command(BaseCommand):
                 services.append(SchedulerService())
             except ConfigurationError as exc:  # an invalid LEASEQUEUE_SCHEDULES: refuse to start
                 raise CommandError(str(exc))
+        self.stdout.write(
+            f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
+            f"{worker.concurrency} thread(s), lease {worker.lease:g} s"
+            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully. "
+            "Events are logged on the 'django_leasequeue' loggers (configure LOGGING to see them)."
+        )
+        self.stdout.flush()
         code = run_services(services)
         if code:
             raise SystemExit(code)

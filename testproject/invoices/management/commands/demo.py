@@ -95,9 +95,10 @@ class Command(BaseCommand):
                 sent = Invoice.objects.count()
                 if killed_at is None and sent >= n * opts["kill_at"]:
                     victim = workers[0]
-                    killed_holding = Job.objects.filter(status="leased", leased_by__endswith=":demo-0").count()
                     victim.send_signal(signal.SIGKILL)
                     victim.wait()
+                    # Counted after the kill: a dead process finishes nothing more.
+                    killed_holding = Job.objects.filter(status="leased", leased_by__endswith=":demo-0").count()
                     killed_at = time.monotonic() - start
                     self.stdout.write(f"t={killed_at:.1f}s: SIGKILLed worker demo-0 (pid {victim.pid}) holding "
                                       f"{killed_holding} leased job(s), after {sent} invoices")
@@ -141,6 +142,9 @@ class Command(BaseCommand):
         rows = [
             ("enqueue calls", attempted),
             ("jobs enqueued (rows)", jobs_in),
+            ("  invoices / flaky (fail twice, by design) / poison (always fail)",
+             f"{Job.objects.filter(task=send_invoice.name).count()}/{Job.objects.filter(task=flaky_sync.name).count()}"
+             f"/{Job.objects.filter(task=poison.name).count()}"),
             ("deduplicated by unique key", attempted - jobs_in),
             ("done", done),
             ("retried (attempts > 1)", retried),
@@ -159,10 +163,10 @@ class Command(BaseCommand):
         ]
         width = max(len(k) for k, _ in rows)
         self.stdout.write("")
-        self.stdout.write(f"| {'demo summary'.ljust(width)} | {'value':>8} |")
-        self.stdout.write(f"|{'-' * (width + 2)}|{'-' * 10}|")
+        self.stdout.write(f"| {'demo summary'.ljust(width)} | {'value':>11} |")
+        self.stdout.write(f"|{'-' * (width + 2)}|{'-' * 13}|")
         for key, value in rows:
-            self.stdout.write(f"| {key.ljust(width)} | {str(value):>8} |")
+            self.stdout.write(f"| {key.ljust(width)} | {str(value):>11} |")
         ok = invoices - distinct == 0 and jobs_in - done - dead - cancelled - still_open == 0 and still_open == 0
         dead_ok = Job.objects.filter(Q(task=poison.name) & ~Q(status="dead")).count() == 0
         self.stdout.write("")

@@ -34,6 +34,10 @@ def _database(request: pytest.FixtureRequest) -> None:
     try:
         request.getfixturevalue("db")
     except pytest.FixtureLookupError:
+        missing = True
+    else:
+        missing = False
+    if missing:  # outside the except block: no chained FixtureLookupError in the report
         pytest.fail("the django-leasequeue fixtures need pytest-django (pip install pytest-django)", pytrace=False)
 
 

@@ -18,7 +18,8 @@ Fixtures:
         :class:`~django_leasequeue.testing.DrainResult`.
 
 Without the entry point (running from a source checkout), load it with
-``-p django_leasequeue.pytest_plugin`` or ``pytest_plugins = ["django_leasequeue.pytest_plugin"]``.
+``-p django_leasequeue.pytest_plugin``; with it, pass nothing (or ``-p leasequeue`` when plugin
+autoloading is disabled): loading the module under a second name is an error in pytest.
 """
 
 from __future__ import annotations
@@ -28,24 +29,15 @@ from typing import Any
 
 import pytest
 
-
-def _database(request: pytest.FixtureRequest) -> None:
-    """Give the test database access through pytest-django, or fail with a clear message."""
-    try:
-        request.getfixturevalue("db")
-    except pytest.FixtureLookupError:
-        missing = True
-    else:
-        missing = False
-    if missing:  # outside the except block: no chained FixtureLookupError in the report
-        pytest.fail("the django-leasequeue fixtures need pytest-django (pip install pytest-django)", pytrace=False)
+# Every fixture names pytest-django's ``db`` as a parameter, not through getfixturevalue():
+# pytest-django sets up the test databases that the collected tests' fixture closures need, so a
+# dependency it cannot see statically leaves the test on the REAL database.
 
 
 @pytest.fixture
-def leasequeue_clock(request: pytest.FixtureRequest) -> Iterator[Any]:
+def leasequeue_clock(db: None) -> Iterator[Any]:
     """The database clock of the test's connection (``advance()``, ``set()``, ``now()``,
     ``offset``); reset to the real clock at the end of the test."""
-    _database(request)
     from django.db import DatabaseError
 
     from django_leasequeue.testing import Clock
@@ -67,11 +59,10 @@ def leasequeue(leasequeue_clock: Any) -> Any:
 
 
 @pytest.fixture
-def leasequeue_eager(request: pytest.FixtureRequest) -> Iterator[Any]:
+def leasequeue_eager(db: None) -> Iterator[Any]:
     """Run each job the test enqueues when it is committed, for the whole test. A failed attempt
     fails the test at teardown with its traceback (use ``leasequeue.eager(raise_failures=False)``
     in the test body to inspect failures instead)."""
-    _database(request)
     from django_leasequeue.testing import eager
 
     with eager() as result:

@@ -167,8 +167,8 @@ class Executor:
             # the work is committed).
             if result is not None:
                 try:
-                    result_json = registry.json_dumps_result(result)
-                    with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, result_json,
+                    late_json = registry.json_dumps_result(result)
+                    with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, late_json,
                                                                 alias=self.alias))
                 except (PayloadNotSerializable, DatabaseError):
                     logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)

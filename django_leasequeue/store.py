@@ -1848,4 +1848,136 @@ def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = No
     with _cursor(alias) as cur:
         cur.execute(JOB_RETRY_NOW, {"now": now, "ids": ids, "by": by, "notify": settings.notify,
                                     "channel": settings.notify_channel})
-        return cur.fetchone()[0]
+        moved: int = cur.fetchone()[0]
+        return moved
+
+
+# ---------------------------------------------------------------------------------------------
+# ---- testing helpers ----
+# Statements used only by django_leasequeue.testing (users' tests): claim chosen jobs, expire one
+# lease, pull future jobs forward, and move this session's database clock. They follow the same
+# rules as the rest of this module (one clock read per statement, fenced on the token).
+# ---------------------------------------------------------------------------------------------
+
+# Claim the listed jobs (not "the next due ones"): eager mode runs exactly the jobs the code
+# under test enqueued, and the lost-lease simulation has a second worker take over one job. Same
+# eligibility as JOB_CLAIM (ready, due, queue not paused, concurrency key admitted) and the same
+# SET and RETURNING, so the claimed row is indistinguishable from a worker's claim.
+JOB_CLAIM_IDS = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM {JOB_TABLE} j, clock
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'ready' AND j.run_at <= clock.now
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_CONC_ADMIT}
+    ORDER BY j.priority DESC, j.run_at, j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+{_CLAIM_SET}
+FROM picked, clock
+WHERE j.id = picked.id
+{_CLAIM_RETURNING}
+"""
+
+
+def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: datetime | None = None,
+                  alias: str | None = None) -> ClaimResult:
+    """Lease the listed jobs that are claimable now, as :func:`job_claim` would (testing helpers).
+
+    Args:
+        ids: job primary keys.
+        worker_id: recorded in ``leased_by``.
+        lease: default lease in seconds for jobs without their own ``lease_seconds``.
+        now: aware datetime instead of the database clock.
+
+    Returns:
+        A :class:`ClaimResult` of the jobs leased, in claim order; a job that is not ``ready``, not
+        due, in a paused queue or over its concurrency limit is left alone and not returned.
+    """
+    ids = list(ids)
+    if not ids:
+        return ClaimResult()
+    params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
+    with _cursor(alias) as cur:
+        cur.execute(JOB_CLAIM_IDS, params)
+        return ClaimResult(_claimed(r) for r in cur.fetchall())
+
+
+# Make one held lease expire now, as if its worker had stopped renewing it long enough ago. Only
+# leased_until changes; the reaper then takes the job back through its ordinary statement.
+JOB_EXPIRE_LEASE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET leased_until = clock.now - interval '1 millisecond'
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
+RETURNING j.id
+"""
+
+
+def job_expire_lease(job_id: int, version: int, *, now: datetime | None = None, alias: str | None = None) -> bool:
+    """Set the lease of ``job_id`` (token ``version``) to have expired just now (testing helpers).
+
+    Returns:
+        True when the lease was held with that token and now counts as expired.
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_EXPIRE_LEASE, {"now": now, "id": job_id, "version": version})
+        return cur.fetchone() is not None
+
+
+# Pull ready jobs whose run_at is in the future (scheduled, or retrying after a backoff) forward
+# to now, so that the ordinary claim sees them due: drain(include_future=True).
+JOB_MAKE_DUE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET run_at = clock.now
+FROM clock
+WHERE j.status = 'ready' AND j.run_at > clock.now
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+"""
+
+
+def job_make_due(*, queues: Sequence[str] | None = None, now: datetime | None = None,
+                 alias: str | None = None) -> int:
+    """Set ``run_at`` to now for ready jobs due later, in ``queues`` (None: all) (testing helpers).
+
+    Returns:
+        The number of jobs moved.
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_MAKE_DUE, {"now": now, "queues": list(queues) if queues is not None else None})
+        moved: int = cur.rowcount
+        return moved
+
+
+# The offset leasequeue_now() adds to clock_timestamp(), for this database session. is_local is
+# false: it lasts for the session (a SET inside a transaction that rolls back is undone too, so
+# a pytest-django `db` test leaves nothing behind).
+CLOCK_OFFSET_SET = "SELECT set_config('leasequeue.clock_offset', %(offset)s, false)"
+CLOCK_OFFSET_GET = """
+SELECT extract(epoch FROM coalesce(nullif(current_setting('leasequeue.clock_offset', true), ''), '0')::interval)
+"""
+CLOCK_RAW_NOW = "SELECT clock_timestamp()"
+
+
+def clock_offset_set(seconds: float, *, alias: str | None = None) -> None:
+    """Make ``leasequeue_now()`` run ``seconds`` ahead of the real clock on this connection."""
+    with _cursor(alias) as cur:
+        cur.execute(CLOCK_OFFSET_SET, {"offset": f"{float(seconds):.6f} seconds"})
+
+
+def clock_offset_get(*, alias: str | None = None) -> float:
+    """Return the clock offset of this connection's session, in seconds (0.0 when unset)."""
+    with _cursor(alias) as cur:
+        cur.execute(CLOCK_OFFSET_GET)
+        return float(cur.fetchone()[0])
+
+
+def clock_real_now(*, alias: str | None = None) -> datetime:
+    """Return the database's real clock (``clock_timestamp()``, without the offset)."""
+    with _cursor(alias) as cur:
+        cur.execute(CLOCK_RAW_NOW)
+        real_now: datetime = cur.fetchone()[0]
+        return real_now

@@ -403,6 +403,12 @@ class WorkerService(Service):
         return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
+        self.track(job)
+        self._tasks.put(job)
+
+    def track(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
+        """Build the :class:`JobContext` of a claimed job and add it to the running jobs (the
+        heartbeat renews it from now on); return its :class:`InFlight` record."""
         # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
         # never by the task's declared lease: using(lease=...) stores another value in the row, and
         # renewing every declared/3 seconds would let a shorter granted lease expire in between.
@@ -415,16 +421,50 @@ class WorkerService(Service):
         # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
         # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
         renew_every = self.renewal_interval(lease)
-        ctx = JobContext(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
-                         max_attempts=job.max_attempts, lease_version=job.lease_version, worker_id=self.worker_id,
-                         leased_until=job.leased_until, lease_seconds=lease, alias=self.alias, claim=job)
+        ctx = context_class(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
+                            max_attempts=job.max_attempts, lease_version=job.lease_version,
+                            worker_id=self.worker_id, leased_until=job.leased_until, lease_seconds=lease,
+                            alias=self.alias, claim=job)
         now = time.monotonic()
         item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
                         deadline=now + timeout if timeout else None, next_renewal=now + renew_every,
                         renew_every=renew_every)
         with self._lock:
             self._inflight[job.id] = item
-        self._tasks.put(job)
+        return item
+
+    def run_inline(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> str:
+        """Run a claimed job in the calling thread, on its database connection, and write its
+        completion before returning: no handler thread, no completer thread, no heartbeat.
+
+        For :mod:`django_leasequeue.testing` (``drain()`` inside a test's transaction, where no other
+        connection can see the test's rows). The job goes through the same :class:`Executor` and
+        :class:`Completer` code as in :meth:`run_once`; only the threads are missing, so a handler
+        that runs longer than its lease is not renewed.
+
+        Args:
+            job: a job claimed with this worker's id (``store.job_claim(..., worker_id=self.worker_id)``).
+            context_class: :class:`JobContext` or a subclass (the lost-lease simulation uses one).
+
+        Returns:
+            The outcome: ``done``, ``ready`` (retry scheduled), ``dead``, ``snoozed``, ``cancelled``,
+            ``lease_lost`` (a fenced write was refused, the completion included) or ``unrecorded``.
+        """
+        item = self.track(job, context_class)
+        try:
+            outcome = self.executor.run(job, item.ctx)
+            self.completer.flush()
+        finally:
+            with self._lock:
+                if self._inflight.get(job.id) is item:
+                    del self._inflight[job.id]
+        if outcome == "done" and not item.ctx.completed_in_transaction:
+            # The completer decided: done, cancelled (requested while it ran) or refused (lease lost).
+            if item.ctx.lease_lost:
+                return "lease_lost"
+            if item.ctx.cancel_requested:
+                return "cancelled"
+        return outcome
 
     def on_stop(self) -> None:
         if self.listener is not None:

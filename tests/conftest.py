@@ -24,6 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 
 
+def pytest_configure(config):
+    """Load our pytest plugin (fixtures ``leasequeue``...) when its entry point did not: the suite
+    runs from the checkout, where the package may not be installed."""
+    import importlib
+
+    plugin = importlib.import_module("django_leasequeue.pytest_plugin")
+    if not config.pluginmanager.is_registered(plugin):
+        config.pluginmanager.register(plugin, "leasequeue")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _flush_with_delete():
     """Make the flush after each ``transactional_db`` test DELETE rows instead of TRUNCATE tables.

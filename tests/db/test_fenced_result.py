@@ -1,14 +1,13 @@
 """A handler that completes through fenced_atomic() still gets its return value stored."""
 
 import pytest
+from invoices.models import Account, Invoice
+from invoices.tasks import send_invoice
 
 from django_leasequeue import store
 from django_leasequeue.conf import get_settings
 from django_leasequeue.context import JobContext
 from django_leasequeue.executor import Executor
-from django_leasequeue.models import Job
-from invoices.models import Account, Invoice
-from invoices.tasks import send_invoice
 
 pytestmark = pytest.mark.django_db
 

@@ -1729,7 +1729,8 @@ class ReplayResult:
     refused: dict[int, str]
 
 
-def job_replay(ids: Iterable[int], *, by: str = "", args: list | None = None, kwargs: dict | None = None,
+def job_replay(ids: Iterable[int], *, by: str = "", args: list[Any] | None = None,
+               kwargs: dict[str, Any] | None = None,
                now: datetime | None = None, alias: str | None = None) -> ReplayResult:
     """Replay dead or cancelled jobs in place, in one statement (10,000 ids are fine).
 
@@ -1848,4 +1849,5 @@ def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = No
     with _cursor(alias) as cur:
         cur.execute(JOB_RETRY_NOW, {"now": now, "ids": ids, "by": by, "notify": settings.notify,
                                     "channel": settings.notify_channel})
-        return cur.fetchone()[0]
+        changed: int = cur.fetchone()[0]  # count(*) of the changed rows
+        return changed

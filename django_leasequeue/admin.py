@@ -37,8 +37,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 from zoneinfo import ZoneInfo
 
 from django import forms
@@ -46,14 +47,14 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -64,6 +65,22 @@ from . import cron, registry, store
 from .conf import get_settings
 from .exceptions import LeaseQueueError
 from .models import Dashboard, DeadLetter, Job, JobStatus, QueueState, Schedule
+
+if TYPE_CHECKING:
+    # django-stubs makes these classes generic; at runtime they are not subscriptable (no
+    # django-stubs-ext monkeypatch), so the parametrised bases exist only for the type checker.
+    _JobAdminBase: TypeAlias = admin.ModelAdmin[Job]
+    _ScheduleAdminBase: TypeAlias = admin.ModelAdmin[Schedule]
+    _DashboardAdminBase: TypeAlias = admin.ModelAdmin[Dashboard]
+    _ScheduleFormBase: TypeAlias = forms.ModelForm[Schedule]
+    _PaginatorBase: TypeAlias = Paginator[Any]
+else:
+    _JobAdminBase = _ScheduleAdminBase = _DashboardAdminBase = admin.ModelAdmin
+    _ScheduleFormBase = forms.ModelForm
+    _PaginatorBase = Paginator
+
+#: What ``list_filter`` holds in the job admins (field names and filter classes).
+_ListFilter: TypeAlias = "str | type[admin.SimpleListFilter]"
 
 APP = Job._meta.app_label
 
@@ -96,12 +113,12 @@ def _by(request: HttpRequest) -> str:
     return request.user.get_username() or f"user #{request.user.pk}"
 
 
-def _ids(queryset) -> list[int]:
+def _ids(queryset: QuerySet[Job]) -> list[int]:
     """The selected job ids in one query (only the id column)."""
     return list(queryset.order_by().values_list("pk", flat=True))
 
 
-def _chunks(ids: list[int]):
+def _chunks(ids: list[int]) -> Iterator[list[int]]:
     for start in range(0, len(ids), BULK_CHUNK):
         yield ids[start:start + BULK_CHUNK]
 
@@ -161,8 +178,8 @@ def _summarise_refusals(refused: dict[int, str], limit: int = 5) -> str:
     return "; ".join(parts)
 
 
-def replay_jobs(request: HttpRequest, ids: list[int], *, args: list | None = None,
-                kwargs: dict | None = None) -> store.ReplayResult:
+def replay_jobs(request: HttpRequest, ids: list[int], *, args: list[Any] | None = None,
+                kwargs: dict[str, Any] | None = None) -> store.ReplayResult:
     """Replay jobs through :func:`store.job_replay` and tell the operator what happened.
 
     The one code path of the Replay button, the "edit and replay" form and the bulk action.
@@ -223,7 +240,7 @@ def retry_now_jobs(request: HttpRequest, ids: list[int]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class EstimatedCountPaginator(Paginator):
+class EstimatedCountPaginator(_PaginatorBase):
     """A paginator that never counts more than :data:`EXACT_COUNT_LIMIT` rows.
 
     It counts at most ``EXACT_COUNT_LIMIT + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``, bounded
@@ -239,7 +256,7 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        qs = self.object_list
+        qs = cast("QuerySet[Any]", self.object_list)  # the admin always paginates a QuerySet
         exact = qs.order_by()[: EXACT_COUNT_LIMIT + 1].count()
         if exact <= EXACT_COUNT_LIMIT:
             return exact
@@ -266,12 +283,14 @@ class EstimatedCountPaginator(Paginator):
 class JobChangeList(ChangeList):
     """The job list's query: heavy JSON columns deferred, the last error as a short annotation."""
 
-    def get_queryset(self, request, exclude_parameters=None):
+    def get_queryset(self, request: HttpRequest,
+                     exclude_parameters: list[str | None] | None = None) -> QuerySet[Any]:
         qs = super().get_queryset(request, exclude_parameters)
-        return qs.defer(*HEAVY_FIELDS).annotate(
+        result: QuerySet[Any] = qs.defer(*HEAVY_FIELDS).annotate(
             last_error_type=KT("errors__-1__type"),
             last_error_message=Left(KT("errors__-1__message"), 200),
         )
+        return result
 
 
 def known_queues() -> list[str]:
@@ -293,13 +312,14 @@ class QueueFilter(admin.SimpleListFilter):
     title = "queue"
     parameter_name = "queue"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         names = known_queues()
-        if self.value() and self.value() not in names:
-            names.append(self.value())
+        value = self.value()
+        if value and value not in names:
+            names.append(value)
         return [(n, n) for n in names]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
@@ -309,14 +329,15 @@ class TaskFilter(admin.SimpleListFilter):
     title = "task"
     parameter_name = "task"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         registry.autodiscover()
         names = sorted(registry.registered_tasks())
-        if self.value() and self.value() not in names:
-            names.append(self.value())
+        value = self.value()
+        if value and value not in names:
+            names.append(value)
         return [(n, n.rsplit(".", 1)[-1] if names.count(n) == 1 else n) for n in names]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(task=self.value()) if self.value() else queryset
 
 
@@ -326,10 +347,10 @@ class HasErrorsFilter(admin.SimpleListFilter):
     title = "errors"
     parameter_name = "has_errors"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         return [("yes", "has errors"), ("no", "no errors")]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
             return queryset.exclude(errors=[])
         if self.value() == "no":
@@ -362,14 +383,16 @@ class ReplayForm(forms.Form):
             raise ValidationError(str(exc))
         return value
 
-    def clean_args(self) -> list:
-        return self._load(self.cleaned_data["args"], list, "args")
+    def clean_args(self) -> list[Any]:
+        args: list[Any] = self._load(self.cleaned_data["args"], list, "args")
+        return args
 
-    def clean_kwargs(self) -> dict:
-        return self._load(self.cleaned_data["kwargs"], dict, "kwargs")
+    def clean_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = self._load(self.cleaned_data["kwargs"], dict, "kwargs")
+        return kwargs
 
-    def clean(self):
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        data = cast("dict[str, Any]", super().clean())  # Form.clean() returns cleaned_data
         if "args" in data and "kwargs" in data:
             try:
                 registry.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
@@ -384,18 +407,19 @@ class ReplayForm(forms.Form):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(_JobAdminBase):
     """Jobs: a read-only view of the queue's rows plus replay, cancel and retry-now."""
 
-    list_display = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age", "last_error_short")
+    list_display: tuple[str, ...] = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age",
+                                     "last_error_short")
     list_display_links = ("id", "task")
-    list_filter = ("status", QueueFilter, TaskFilter, HasErrorsFilter)
+    list_filter: ClassVar[tuple[_ListFilter, ...]] = ("status", QueueFilter, TaskFilter, HasErrorsFilter)
     search_fields = ("=id", "task", "=unique_key")
     search_help_text = "Job id (123 or #123), part of a task name, or an exact unique key."
     list_per_page = 100
     show_full_result_count = False  # no second COUNT(*) of the whole table per page load
     paginator = EstimatedCountPaginator
-    sortable_by = ("id", "status_badge", "task", "queue", "run_at", "age")
+    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task", "queue", "run_at", "age")
     actions = ["replay_selected", "cancel_selected", "retry_now_selected"]
     change_form_template = "admin/django_leasequeue/job/change_form.html"
     fieldsets = (
@@ -421,10 +445,10 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- permissions ---------------------------------------------------------------------------
 
-    def has_add_permission(self, request, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False  # jobs are enqueued by code (and by "run now" on a schedule)
 
-    def has_delete_permission(self, request, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         # One finished job at a time, from its page: deleting a ready or leased job would drop work
         # silently, and the bulk "delete selected" (no obj) would list every selected row for
         # confirmation, which is no use on 10,000 rows.
@@ -432,25 +456,26 @@ class JobAdmin(admin.ModelAdmin):
             return False
         return request.user.has_perm(f"{APP}.delete_job")
 
-    def has_replay_permission(self, request, obj=None) -> bool:
+    def has_replay_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         """The ``replay_job`` permission (declared in ``Job.Meta.permissions``)."""
         return request.user.has_perm(f"{APP}.replay_job")
 
-    def has_operate_permission(self, request, obj=None) -> bool:
+    def has_operate_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         """Cancel and retry-now need ``change_job``."""
         return request.user.has_perm(f"{APP}.change_job")
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         names: list[str] = []
-        for _, options in self.fieldsets:
+        for _, options in self.fieldsets or ():
             for entry in options["fields"]:
-                names.extend(entry if isinstance(entry, tuple) else (entry,))
+                names.extend(entry if isinstance(entry, tuple) else (cast(str, entry),))
         return names
 
-    def get_changelist(self, request, **kwargs):
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
 
-    def get_search_results(self, request, queryset, search_term):
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Job], bool]:
         """Search by id (``123`` or ``#123``), task name (substring) or unique key (exact)."""
         term = search_term.strip()
         if not term:
@@ -535,7 +560,7 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- views -----------------------------------------------------------------------------------
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
@@ -545,18 +570,19 @@ class JobAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def save_model(self, request, obj, form, change) -> None:
+    def save_model(self, request: HttpRequest, obj: Job, form: Any, change: Any) -> None:
         # Never write a job row from a form: only store.py changes job state (see change_view).
         raise PermissionDenied("jobs are changed through the replay, cancel and retry-now actions")
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if request.method == "POST":
             # Every field is read-only and the operator actions have their own POST views. Django's
             # change form would save the whole row from the copy it read, a lost update racing the
             # workers (it could hand a job's fencing token to two holders), so refuse.
             return HttpResponseNotAllowed(["GET", "HEAD"])
         obj = self.get_object(request, object_id)
-        extra = {
+        extra: dict[str, Any] = {
             "title": f"Job #{object_id}",
             "show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
             "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
@@ -577,14 +603,14 @@ class JobAdmin(admin.ModelAdmin):
         extra.update(extra_context or {})
         return super().change_view(request, object_id, form_url, extra)
 
-    def get_object(self, request, object_id, from_field=None):
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         # The change page loads the whole row (the list defers the heavy columns).
         try:
             return self.get_queryset(request).get(pk=int(object_id))
         except (ValueError, Job.DoesNotExist):
             return None
 
-    def _job_or_404(self, request, object_id) -> Job:
+    def _job_or_404(self, request: HttpRequest, object_id: str) -> Job:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         try:
@@ -592,7 +618,7 @@ class JobAdmin(admin.ModelAdmin):
         except ValueError:
             raise Http404("no such job")
 
-    def _back(self, request, job: Job) -> HttpResponse:
+    def _back(self, request: HttpRequest, job: Job) -> HttpResponse:
         if request.POST.get("_from") == "list":
             # Back to the list the button was on (with its filters), if that is this site's page.
             referer = request.META.get("HTTP_REFERER", "")
@@ -602,7 +628,7 @@ class JobAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(referer)
         return HttpResponseRedirect(reverse(f"admin:{APP}_job_change", args=[job.pk]))
 
-    def replay_view(self, request, object_id) -> HttpResponse:
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: the "edit arguments and replay" form. POST: replay (with the edited arguments when
         the form's fields are posted). Needs ``replay_job``; 403 otherwise."""
         if not self.has_replay_permission(request):
@@ -633,7 +659,7 @@ class JobAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/django_leasequeue/job/replay.html", context)
 
-    def cancel_view(self, request, object_id) -> HttpResponse:
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: cancel a ready job, or ask a leased job to stop. Needs ``change_job``."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
@@ -643,7 +669,7 @@ class JobAdmin(admin.ModelAdmin):
         cancel_jobs(request, [job.pk])
         return self._back(request, job)
 
-    def retry_now_view(self, request, object_id) -> HttpResponse:
+    def retry_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: make a ready job waiting on its retry backoff due now. Needs ``change_job``."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
@@ -653,24 +679,24 @@ class JobAdmin(admin.ModelAdmin):
         retry_now_jobs(request, [job.pk])
         return self._back(request, job)
 
-    def changelist_view(self, request, extra_context=None):
-        extra = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
-                 "title": self.opts.verbose_name_plural.capitalize()}
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra: dict[str, Any] = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
+                                 "title": str(self.opts.verbose_name_plural).capitalize()}
         extra.update(extra_context or {})
         return super().changelist_view(request, extra)
 
     # -- bulk actions ----------------------------------------------------------------------------
 
     @admin.action(description="Replay selected dead or cancelled jobs", permissions=["replay"])
-    def replay_selected(self, request, queryset) -> None:
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         replay_jobs(request, _ids(queryset))
 
     @admin.action(description="Cancel selected jobs (ready: now; running: ask to stop)", permissions=["operate"])
-    def cancel_selected(self, request, queryset) -> None:
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         cancel_jobs(request, _ids(queryset))
 
     @admin.action(description="Retry now (ready jobs waiting on a retry backoff)", permissions=["operate"])
-    def retry_now_selected(self, request, queryset) -> None:
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         retry_now_jobs(request, _ids(queryset.filter(status="ready")))
 
 
@@ -685,25 +711,25 @@ class DeadLetterAdmin(JobAdmin):
     actions = ["replay_selected"]
     change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         return super().get_queryset(request).filter(status=JobStatus.DEAD)
 
     # A dead letter is a job: users with the job permissions may work with dead letters.
-    def has_view_permission(self, request, obj=None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return super().has_view_permission(request, obj) or request.user.has_perm(f"{APP}.view_job") \
             or request.user.has_perm(f"{APP}.change_job")
 
-    def has_change_permission(self, request, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return super().has_change_permission(request, obj) or request.user.has_perm(f"{APP}.change_job")
 
-    def has_delete_permission(self, request, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return super().has_delete_permission(request, obj) or (
             obj is not None and obj.status == "dead" and request.user.has_perm(f"{APP}.delete_deadletter"))
 
-    def has_module_permission(self, request) -> bool:
+    def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
 
-    def get_list_display(self, request):
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_replay_permission(request):
             return self.list_display
         return tuple(c for c in self.list_display if c != "replay_button")
@@ -720,11 +746,11 @@ class DeadLetterAdmin(JobAdmin):
         return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
                            'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         response = super().changelist_view(request, extra_context)
-        context = getattr(response, "context_data", None)
+        context: dict[str, Any] | None = getattr(response, "context_data", None)
         cl = context.get("cl") if context else None
-        if cl is not None:
+        if cl is not None and context is not None:
             groups = list(
                 cl.queryset.order_by().values("task", "last_error_type")
                 .annotate(n=Count("pk")).order_by("-n", "task")[:25]
@@ -761,12 +787,12 @@ def describe_cron(expr: str) -> str:
     options = Options()
     options.use_24hour_time_format = True  # explicit: the default varies with the environment
     try:
-        return ExpressionDescriptor(" ".join(fields), options).get_description()
+        return str(ExpressionDescriptor(" ".join(fields), options).get_description())
     except Exception as exc:  # cron-descriptor is only a description; validation is cron.py's
         return f"(cannot describe: {exc})"
 
 
-class ScheduleForm(forms.ModelForm):
+class ScheduleForm(_ScheduleFormBase):
     """Schedule form. Validation is the model's own (``Schedule.clean_fields``: cron, zone, task,
     JSON arguments, queue, priority, catch-up limit), which the ModelForm runs through
     ``full_clean()``, so each problem is shown on its field."""
@@ -795,11 +821,13 @@ class ScheduleForm(forms.ModelForm):
             raise ValidationError(str(exc))
         return value
 
-    def clean_args(self) -> list:
-        return self._json_of("args", list)
+    def clean_args(self) -> list[Any]:
+        args: list[Any] = self._json_of("args", list)
+        return args
 
-    def clean_kwargs(self) -> dict:
-        return self._json_of("kwargs", dict)
+    def clean_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = self._json_of("kwargs", dict)
+        return kwargs
 
 
 def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None = None) -> Job | None:
@@ -822,7 +850,7 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
     settings = get_settings()
     rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel)
     if not rows:
-        job = store.job_get_by_unique_key(new.unique_key, new.unique_scope)
+        job = store.job_get_by_unique_key(cast(str, new.unique_key), new.unique_scope)
         if job is not None:
             messages.info(request, format_html('Schedule {} was already run from this page: job <a href="{}">#{}</a>.',
                                                schedule.name, reverse(f"admin:{APP}_job_change", args=[job.pk]),
@@ -835,7 +863,7 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(_ScheduleAdminBase):
     """Schedules: cron in words, the next five occurrences, enable/disable and "run now"."""
 
     form = ScheduleForm
@@ -848,7 +876,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                        "skipped_occurrences", "source", "created_at", "updated_at")
     change_form_template = "admin/django_leasequeue/schedule/change_form.html"
 
-    def get_fieldsets(self, request, obj=None):
+    def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         return (
             (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "enabled")}),
             ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
@@ -884,18 +912,19 @@ class ScheduleAdmin(admin.ModelAdmin):
             ((o.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), o.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
              for o in found)))
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         return [path("<path:object_id>/run-now/", self.admin_site.admin_view(self.run_now_view),
                      name=f"{prefix}_run_now"), *super().get_urls()]
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"lq_run_now_nonce": uuid.uuid4().hex,
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra: dict[str, Any] = {"lq_run_now_nonce": uuid.uuid4().hex,
                  "lq_can_run_now": self.has_change_permission(request)}
         extra.update(extra_context or {})
         return super().change_view(request, object_id, form_url, extra)
 
-    def run_now_view(self, request, object_id) -> HttpResponse:
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: enqueue one job of the schedule now. Needs ``change_schedule``."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
@@ -906,7 +935,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         run_schedule_now(request, schedule, nonce)
         return HttpResponseRedirect(reverse(f"admin:{APP}_schedule_change", args=[schedule.pk]))
 
-    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Schedule], enabled: bool) -> None:
         # Schedules are few; save() each so the model keeps next_occurrence_at right (a re-enabled
         # schedule starts from now: runs missed while it was off are not caught up).
         changed = 0
@@ -924,15 +953,15 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Enable selected schedules (from now on: missed runs are not caught up)",
                   permissions=["change"])
-    def enable_selected(self, request, queryset) -> None:
+    def enable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
-    def disable_selected(self, request, queryset) -> None:
+    def disable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._set_enabled(request, queryset, False)
 
     @admin.action(description="Run selected schedules now (one job each)", permissions=["change"])
-    def run_now_selected(self, request, queryset) -> None:
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for schedule in queryset:
             run_schedule_now(request, schedule)
 
@@ -943,34 +972,34 @@ class ScheduleAdmin(admin.ModelAdmin):
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(_DashboardAdminBase):
     """The queue dashboard: ``admin/django_leasequeue/dashboard/``, read through ``health.snapshot()``.
 
     Visible to users who may view jobs (or the dashboard); pause/resume needs ``change_queuestate``.
     """
 
-    def has_add_permission(self, request) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
         return False
 
-    def has_view_permission(self, request, obj=None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
         user = request.user
         return user.has_perm(f"{APP}.view_dashboard") or user.has_perm(f"{APP}.view_job") \
             or user.has_perm(f"{APP}.change_job")
 
-    def has_module_permission(self, request) -> bool:
+    def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
 
-    def has_pause_permission(self, request) -> bool:
+    def has_pause_permission(self, request: HttpRequest) -> bool:
         """Pausing and resuming queues needs ``change_queuestate``."""
         return request.user.has_perm(f"{APP}.change_queuestate")
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
@@ -979,7 +1008,7 @@ class DashboardAdmin(admin.ModelAdmin):
             path("resume/", wrap(self.resume_view), name=f"{prefix}_resume"),
         ]
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         from . import health
@@ -1018,7 +1047,7 @@ class DashboardAdmin(admin.ModelAdmin):
         context.update(extra_context or {})
         return TemplateResponse(request, "admin/django_leasequeue/dashboard.html", context)
 
-    def _toggle(self, request, pause: bool) -> HttpResponse:
+    def _toggle(self, request: HttpRequest, pause: bool) -> HttpResponse:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_pause_permission(request):
@@ -1036,10 +1065,10 @@ class DashboardAdmin(admin.ModelAdmin):
             messages.success(request, f"Queue {name!r} runs again." if changed else f"Queue {name!r} was not paused.")
         return HttpResponseRedirect(reverse(f"admin:{APP}_dashboard_changelist"))
 
-    def pause_view(self, request) -> HttpResponse:
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
         """POST ``queue=<name>``: pause the queue (``store.queue_pause``)."""
         return self._toggle(request, True)
 
-    def resume_view(self, request) -> HttpResponse:
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
         """POST ``queue=<name>``: resume the queue (``store.queue_resume``)."""
         return self._toggle(request, False)

@@ -1729,7 +1729,8 @@ class ReplayResult:
     refused: dict[int, str]
 
 
-def job_replay(ids: Iterable[int], *, by: str = "", args: list | None = None, kwargs: dict | None = None,
+def job_replay(ids: Iterable[int], *, by: str = "", args: list[Any] | None = None,
+               kwargs: dict[str, Any] | None = None,
                now: datetime | None = None, alias: str | None = None) -> ReplayResult:
     """Replay dead or cancelled jobs in place, in one statement (10,000 ids are fine).
 

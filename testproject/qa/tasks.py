@@ -140,12 +140,13 @@ def busy(context: JobContext, seconds: float) -> None:
 
 @task(name="qa.adv_result", takes_context=True, max_attempts=3)
 def adv_result(context: JobContext, kind: str, sleep: float = 0.0) -> object:
-    """Return a result jsonb cannot store when ``kind`` is "nul" (a str with U+0000) or "surrogate"
-    (a lone surrogate); any other ``kind`` returns "ok". Sleeps ``sleep`` seconds first."""
+    """Return a result that cannot be stored when ``kind`` is "nul" (a str with U+0000, refused by
+    jsonb), "surrogate" (a lone surrogate, not UTF-8) or "bigint" (an int of 5,000 digits, which
+    Python will not print); any other ``kind`` returns "ok". Sleeps ``sleep`` seconds first."""
     _record(context, kind)
     if sleep:
         time.sleep(sleep)
-    return {"nul": "a\x00b", "surrogate": "\ud800"}.get(kind, "ok")
+    return {"nul": "a\x00b", "surrogate": "\ud800", "bigint": {"n": 10**5000}}.get(kind, "ok")
 
 
 @task(name="qa.adv_raise_nul", takes_context=True, max_attempts=2)

@@ -191,6 +191,14 @@ class HeartbeatService(Service):
         self.worker = worker
         self._next_process_beat = 0.0
 
+    @property
+    def error_backoff_max(self) -> float:
+        """Seconds: after failed renewals (a database outage) retry at least once per renewal
+        interval of the shortest lease in flight (or of the worker's lease), never after the
+        general 30 s cap: renewals must resume while the leases are still valid."""
+        intervals = [item.renew_every for item in self.worker.inflight_snapshot()]
+        return min([self.worker.renewal_interval(self.worker.lease), *intervals])
+
     def run_once(self) -> float:
         now = time.monotonic()
         due: list[InFlight] = []

@@ -471,6 +471,16 @@ class WorkerService(Service):
         self.completer.join()
         with self._lock:
             leftover = [(i.job.id, i.job.lease_version) for i in self._inflight.values()]
+        # A handler that returned after the completer's final flush (the grace period ran out as it
+        # finished) submitted its success to the stopped completer and left the running list, so it
+        # is not released below either: write those completions now. Every job missing from
+        # ``leftover`` has finished, so its completion is queued by now. A completion that races
+        # this flush for a job in ``leftover`` is harmless: written first, the release skips the
+        # done job; released first, the completion is refused by the token.
+        try:
+            self.completer.flush()
+        except DatabaseError:
+            logger.exception("could not write the last completions; those jobs will be retried after their lease")
         if leftover:
             try:
                 released = with_reconnect(lambda: store.job_release(leftover, alias=self.alias))

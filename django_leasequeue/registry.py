@@ -159,8 +159,9 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
     if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                     or max_attempts < 1):
-        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int >= 1, got {max_attempts!r}")
+                                     or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
+        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                                 f"got {max_attempts!r}")
     for option, value in (("lease", lease), ("timeout", timeout)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value <= 0):

@@ -139,7 +139,10 @@ def test_handler_result_int_too_long_for_text_is_a_clear_error():
         registry.json_dumps_result({"n": 10**5000})
 
 
-def test_task_declaration_refuses_a_lease_every_enqueue_would_refuse():
+def test_task_declaration_refuses_options_every_enqueue_would_refuse():
     with pytest.raises(ConfigurationError, match=r"lease must be at most 604800 seconds \(7 days\), got 604801"):
         task(name="adversarial.long_lease", lease=7 * 86400 + 1)(lambda: None)
-    assert task(name="adversarial.week_lease", lease=7 * 86400)(lambda: None).lease == 7 * 86400
+    with pytest.raises(ConfigurationError, match="max_attempts must be an int from 1 to 1000000, got 2147483648"):
+        task(name="adversarial.many_attempts", max_attempts=2**31)(lambda: None)
+    spec = task(name="adversarial.at_the_limits", lease=7 * 86400, max_attempts=1_000_000)(lambda: None)
+    assert (spec.lease, spec.max_attempts) == (7 * 86400, 1_000_000)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,12 +238,17 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
     if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                     or max_attempts < 1):
-        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int >= 1, got {max_attempts!r}")
+                                     or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
+        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                                 f"got {max_attempts!r}")
     for option, value in (("lease", lease), ("timeout", timeout)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value <= 0):
             raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
+    if lease is not None and lease > MAX_LEASE_SECONDS:
+        # Every enqueue would refuse it (see _check_lease): say so at declaration.
+        raise ConfigurationError(f"task {task_name!r}: lease must be at most {MAX_LEASE_SECONDS:.0f} seconds "
+                                 f"(7 days), got {lease!r}")
     if backoff is not None:
         from .retry import Backoff, as_backoff
 
@@ -341,6 +347,24 @@ def _check_text(text: str, path: str) -> None:
         raise PayloadNotSerializable(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
 
 
+# jsonb keeps numbers as numeric, at most 131072 digits before the point.
+MAX_INT_DIGITS = 131072
+
+
+def _check_int(number: int, path: str) -> None:
+    """Refuse an int that cannot become JSON text: Python will not print one longer than
+    ``sys.get_int_max_str_digits()`` (4300 digits by default; json.dumps would raise a bare
+    ValueError), and PostgreSQL's numeric stops at MAX_INT_DIGITS digits."""
+    try:
+        digits = len(int.__repr__(abs(number)))
+    except ValueError:
+        digits = None
+    if digits is None or digits > MAX_INT_DIGITS:
+        limit = min(sys.get_int_max_str_digits() or MAX_INT_DIGITS, MAX_INT_DIGITS)
+        raise PayloadNotSerializable(f"{path} is an int of more than {limit} digits, which cannot be stored as JSON; "
+                                     "pass it as a str")
+
+
 def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
     """Check that ``value`` round-trips through JSON unchanged (same types, same values).
 
@@ -362,6 +386,8 @@ def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
             raise PayloadNotSerializable(f"{path} is nested more than {MAX_JSON_DEPTH} levels deep")
         if isinstance(item, str):
             _check_text(item, path)
+        elif isinstance(item, int) and item.bit_length() > 3000:  # about 900 digits: cheap pre-check
+            _check_int(item, path)
         if item is None or (type(item) in scalars if exact_scalars else isinstance(item, scalars)):
             continue
         if type(item) is float or (not exact_scalars and isinstance(item, float)):
@@ -572,6 +598,9 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
         EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
         UnknownTask: ``task_or_name`` is a name nobody registered.
+        django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
+            transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed
+            ``unique_key`` after its snapshot; retry the whole transaction (docs/idempotency.md).
     """
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,

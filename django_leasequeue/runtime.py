@@ -53,10 +53,14 @@ class Service:
         name (str): for logs and thread names.
         stagger (float): maximum random delay in seconds before the first iteration (avoids a
             thundering herd when many processes start together); tests set 0.
+        error_backoff_max (float): the longest wait in seconds after failed iterations (the wait
+            doubles from 0.1 s per consecutive failure). A service whose work has a deadline (the
+            heartbeat: a lease expires) lowers it, or overrides it with a property.
     """
 
     name = "service"
     stagger = 0.0
+    error_backoff_max = ERROR_BACKOFF_MAX
 
     def __init__(self) -> None:
         self._stop = threading.Event()
@@ -124,7 +128,7 @@ class Service:
                     backoff = 0.0
                 except Exception:
                     self.errors += 1
-                    backoff = min(ERROR_BACKOFF_MAX, backoff * 2 or 0.1)
+                    backoff = min(self.error_backoff_max, backoff * 2 or 0.1)
                     logger.exception("%s: iteration failed; retrying in %.1f s", self.name, backoff)
                     close_broken_connections()
                     delay = backoff

@@ -118,7 +118,9 @@ class Completer(Service):
             except DatabaseError:
                 # One row the database refuses must not block every other completion: write them
                 # one by one and record the refused ones as failed attempts.
-                done = self._complete_one_by_one(batch)
+                done, failed = self._complete_one_by_one(batch)
+            else:
+                failed = set()
             self.completed += len(done)
             if self.on_flush is not None:
                 self.on_flush()
@@ -130,25 +132,48 @@ class Completer(Service):
                 elif ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
                     ctx.mark_cancel_requested()
                     signals.emit("cancelled", **fields)
+                elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
+                    continue
                 else:
                     report_lease_lost(ctx, write="complete", fields=fields)
 
-    def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> store.Completed:
+    def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> tuple[store.Completed, set[int]]:
+        """Write ``batch`` one completion at a time; a completion the database refuses (e.g. a
+        result jsonb cannot hold) becomes a failed attempt with that error (dead: the same result
+        would be refused again). Returns the completions written and the ids recorded as failed.
+        On a connection error, this item and every later one go back on the queue (none is lost)."""
         done = store.Completed()
-        for ctx, result in batch:
+        failed: set[int] = set()
+        for index, (ctx, result) in enumerate(batch):
             try:
                 one = store.job_complete([(ctx.job_id, ctx.lease_version, result)], alias=self.alias)
             except (OperationalError, InterfaceError):
-                self._queue.put((ctx, result))
+                for item in batch[index:]:
+                    self._queue.put(item)
                 raise
             except DatabaseError as exc:
                 logger.exception("job %s: the database refused its result", ctx.job_id)
+                close_broken_connections()
                 error = describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id)
-                store.job_fail(ctx.job_id, ctx.lease_version, error, retry_delay=None, alias=self.alias)
+                try:
+                    outcome = store.job_fail(ctx.job_id, ctx.lease_version, error, retry_delay=None, alias=self.alias)
+                except (OperationalError, InterfaceError):
+                    for item in batch[index:]:
+                        self._queue.put(item)
+                    raise
+                if outcome is None:
+                    continue  # the token moved on meanwhile: reported as a lost lease by flush()
+                failed.add(ctx.job_id)
+                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
+                          "token": ctx.lease_version, "error": error["type"]}
+                if outcome[0] == "cancelled":
+                    signals.emit("cancelled", **fields)
+                else:
+                    signals.emit("dead_lettered", message=error["message"], **fields)
                 continue
             done.update(one)
             done.cancelled.update(one.cancelled)
-        return done
+        return done, failed
 
     def on_stop(self) -> None:
         try:
@@ -166,6 +191,14 @@ class HeartbeatService(Service):
         super().__init__()
         self.worker = worker
         self._next_process_beat = 0.0
+
+    @property
+    def error_backoff_max(self) -> float:
+        """Seconds: after failed renewals (a database outage) retry at least once per renewal
+        interval of the shortest lease in flight (or of the worker's lease), never after the
+        general 30 s cap: renewals must resume while the leases are still valid."""
+        intervals = [item.renew_every for item in self.worker.inflight_snapshot()]
+        return min([self.worker.renewal_interval(self.worker.lease), *intervals])
 
     def run_once(self) -> float:
         now = time.monotonic()
@@ -479,6 +512,16 @@ class WorkerService(Service):
         self.completer.join()
         with self._lock:
             leftover = [(i.job.id, i.job.lease_version) for i in self._inflight.values()]
+        # A handler that returned after the completer's final flush (the grace period ran out as it
+        # finished) submitted its success to the stopped completer and left the running list, so it
+        # is not released below either: write those completions now. Every job missing from
+        # ``leftover`` has finished, so its completion is queued by now. A completion that races
+        # this flush for a job in ``leftover`` is harmless: written first, the release skips the
+        # done job; released first, the completion is refused by the token.
+        try:
+            self.completer.flush()
+        except DatabaseError:
+            logger.exception("could not write the last completions; those jobs will be retried after their lease")
         if leftover:
             try:
                 released = with_reconnect(lambda: store.job_release(leftover, alias=self.alias))

@@ -6,7 +6,9 @@ Retry delays are short (``backoff=0.05`` s) so retry tests do not sleep; ``raise
 """
 
 import asyncio
+import collections
 import os
+import threading
 import time
 from decimal import Decimal
 
@@ -129,3 +131,92 @@ def busy(context: JobContext, seconds: float) -> None:
     n = 0
     while time.monotonic() < deadline:
         n += 1
+
+
+# ---- adversarial review (tests/adversarial/) ----
+# Handlers that misuse the API or hand the queue values PostgreSQL refuses. Each test asserts the
+# intended outcome (the job ends in a definite state, other jobs are unaffected).
+
+
+@task(name="qa.adv_result", takes_context=True, max_attempts=3)
+def adv_result(context: JobContext, kind: str, sleep: float = 0.0) -> object:
+    """Return a result that cannot be stored when ``kind`` is "nul" (a str with U+0000, refused by
+    jsonb), "surrogate" (a lone surrogate, not UTF-8) or "bigint" (an int of 5,000 digits, which
+    Python will not print); any other ``kind`` returns "ok". Sleeps ``sleep`` seconds first."""
+    _record(context, kind)
+    if sleep:
+        time.sleep(sleep)
+    return {"nul": "a\x00b", "surrogate": "\ud800", "bigint": {"n": 10**5000}}.get(kind, "ok")
+
+
+@task(name="qa.adv_raise_nul", takes_context=True, max_attempts=2)
+def adv_raise_nul(context: JobContext) -> None:
+    """Fail with a message holding a NUL and a lone surrogate (user input echoed in an error)."""
+    _record(context, "raise_nul")
+    raise ValueError("cannot parse 'bad\x00input\ud800'")
+
+
+@task(name="qa.adv_fenced_slow", takes_context=True, max_attempts=3)
+def adv_fenced_slow(context: JobContext, key: str, inside: float = 0.0) -> None:
+    """A fenced completion whose transaction stays open ``inside`` seconds (a large batch of
+    business writes): the job row is locked all that time."""
+    _record(context, key)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+        time.sleep(inside)
+
+
+class _Abort(Exception):
+    pass
+
+
+@task(name="qa.adv_fenced_nested", takes_context=True, max_attempts=1)
+def adv_fenced_nested(context: JobContext, key: str) -> str:
+    """fenced_atomic() inside an outer atomic block that the handler rolls back afterwards (a
+    service function wrapping its own transaction). fenced_atomic() must refuse to start."""
+    from django.db import transaction
+
+    _record(context, key)
+    try:
+        with transaction.atomic():
+            with context.fenced_atomic():
+                Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+            raise _Abort("validation failed after the fenced block")
+    except _Abort:
+        pass
+    return "handled"
+
+
+@task(name="qa.adv_fenced_twice", takes_context=True, max_attempts=3)
+def adv_fenced_twice(context: JobContext, key: str) -> None:
+    """Two fenced blocks in one attempt (two business steps): the second must be refused."""
+    _record(context, key)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key + "-1", job_id=context.job_id, lease_version=context.lease_version)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key + "-2", job_id=context.job_id, lease_version=context.lease_version)
+
+
+@task(name="qa.adv_fenced_set_rollback", takes_context=True, max_attempts=1)
+def adv_fenced_set_rollback(context: JobContext, key: str) -> str:
+    """Marks the fenced transaction for rollback (a validation helper calls set_rollback)."""
+    from django.db import transaction
+
+    _record(context, key)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+        transaction.set_rollback(True)
+    return "ok"
+
+
+# Gates for in-process workers: a test opens ``GATES[key]`` to let ``qa.adv_gated`` return.
+GATES: collections.defaultdict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+
+@task(name="qa.adv_gated", takes_context=True, max_attempts=3)
+def adv_gated(context: JobContext, key: str, timeout: float = 30.0) -> str:
+    """Record the execution, then wait (at most ``timeout`` seconds) until the test sets
+    ``GATES[key]``; return ``key``. Only meaningful for a worker running in the test process."""
+    _record(context, key)
+    GATES[key].wait(timeout)
+    return key

@@ -1,0 +1,89 @@
+"""Adversarial review, ``fenced_atomic()`` misuse: the job's completion and the block's writes
+commit together or not at all, whatever the handler does around the block.
+
+Before the fix, a fenced block inside an outer ``atomic()`` only released a savepoint: when the
+outer block rolled back, the effect and the job's ``done`` were both undone, yet the executor
+reported "done" and the heartbeat stopped renewing, so the job sat ``leased`` until its lease
+expired. A second fenced block in the same attempt was refused by the (already completed) job
+and surfaced as a confusing ``LeaseLost`` after the first block had committed.
+"""
+
+import logging
+import threading
+
+import pytest
+from qa.models import Effect, Execution
+
+from django_leasequeue import enqueue, signals, store
+from django_leasequeue.worker import WorkerService
+from tests.support import claim, run_claimed
+
+pytestmark = pytest.mark.django_db(transaction=True)  # fenced_atomic() must be the outermost transaction
+
+
+def effects(job_id: int) -> list[str]:
+    return sorted(Effect.objects.filter(job_id=job_id).values_list("key", flat=True))
+
+
+def test_fenced_atomic_inside_an_outer_atomic_refuses_to_start_and_commits_nothing():
+    job = enqueue("qa.adv_fenced_nested", ["N"])
+    (claimed,) = claim()
+    assert run_claimed(claimed) == "dead"  # max_attempts=1
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.leased_until) == ("dead", 1, None)
+    (error,) = job.errors
+    assert error["type"] == "builtins.RuntimeError"
+    assert error["message"] == "A durable atomic block cannot be nested within another atomic block."
+    assert effects(job.id) == []
+
+
+def test_second_fenced_atomic_in_one_attempt_is_refused_before_it_runs(caplog):
+    job = enqueue("qa.adv_fenced_twice", ["T"])
+    (claimed,) = claim()
+    with caplog.at_level(logging.WARNING, logger="django_leasequeue.executor"):
+        assert run_claimed(claimed) == "done"
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.errors) == ("done", 1, [])
+    assert effects(job.id) == ["T-1"]  # the first block committed with the completion; the second never ran
+    assert Execution.objects.filter(job_id=job.id).count() == 1
+    (record,) = [r for r in caplog.records if "raised after its fenced completion" in r.getMessage()]
+    assert "fenced_atomic() already completed this attempt" in record.getMessage()
+
+
+def test_fenced_block_marked_for_rollback_commits_neither_the_effect_nor_the_completion():
+    job = enqueue("qa.adv_fenced_set_rollback", ["R"])
+    (claimed,) = claim()
+    assert run_claimed(claimed) == "dead"  # max_attempts=1; not "done"
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.leased_until) == ("dead", 1, None)
+    assert job.errors[-1]["type"] == "django.db.transaction.TransactionManagementError"
+    assert effects(job.id) == []
+
+
+def test_heartbeat_does_not_renew_a_job_completed_by_fenced_atomic():
+    """A handler still cleaning up after its fenced block: the job is done, so the heartbeat must
+    neither renew it nor report its lease as lost (a false fence rejection in the lease report)."""
+    lost = []
+    lock = threading.Lock()
+
+    def on_lost(sender, job_id, **fields):
+        with lock:
+            lost.append(job_id)
+
+    signals.job_lease_lost.connect(on_lost, dispatch_uid="adversarial-fenced-hb")
+    try:
+        job = enqueue("qa.record")
+        worker = WorkerService(concurrency=1, lease=3, notify=False, reap=False)
+        (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=3)
+        worker._dispatch(claimed)  # in flight, as the worker would hold it (no handler thread started)
+        (item,) = worker.inflight_snapshot()
+        with item.ctx.fenced_atomic():
+            Effect.objects.create(key="E", job_id=job.id, lease_version=claimed.lease_version)
+        item.next_renewal = 0.0  # a renewal is due
+        worker.heartbeat.run_once()
+    finally:
+        signals.job_lease_lost.disconnect(dispatch_uid="adversarial-fenced-hb")
+    job.refresh_from_db()
+    assert (job.status, job.lease_version, job.history) == ("done", claimed.lease_version, [])
+    assert (item.ctx.lease_lost, lost) == (False, [])
+    assert effects(job.id) == ["E"]

@@ -60,7 +60,11 @@ class Service:
 
     name = "service"
     stagger = 0.0
-    error_backoff_max = ERROR_BACKOFF_MAX
+
+    @property
+    def error_backoff_max(self) -> float:
+        """The longest wait in seconds after failed iterations (overridden by the heartbeat)."""
+        return ERROR_BACKOFF_MAX
 
     def __init__(self) -> None:
         self._stop = threading.Event()

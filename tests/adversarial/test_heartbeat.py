@@ -134,7 +134,7 @@ def test_heartbeat_error_backoff_is_capped_by_the_shortest_renewal_interval_in_f
         worker._dispatch(job)
     assert sorted(item.renew_every for item in worker.inflight_snapshot()) == [0.5, 10.0, 10.0]
     assert worker.heartbeat.error_backoff_max == 0.5
-    assert Service.error_backoff_max == ERROR_BACKOFF_MAX == 30.0  # other services keep the general cap
+    assert Service().error_backoff_max == ERROR_BACKOFF_MAX == 30.0  # other services keep the general cap
 
 
 def test_heartbeat_retries_at_least_every_renewal_interval_while_the_database_refuses_renewals(caplog):

@@ -225,7 +225,9 @@ class HeartbeatService(Service):
             for item in due:
                 renewal = renewals.get(item.job.id)
                 if renewal is None:
-                    if not item.ctx.lease_lost:
+                    # Read the flag again: the handler may have committed fenced_atomic() since the
+                    # check above (the flag is set before that commit); the job is done, not lost.
+                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction:
                         report_lease_lost(item.ctx, write="renew")
                     continue
                 if renewal.cancel_requested:

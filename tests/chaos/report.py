@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments for --run")
     args = parser.parse_args(argv)
     if args.run:
+        RESULTS.unlink(missing_ok=True)  # rows of a test that no longer runs (or is skipped) must not linger
         code = subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/chaos",
                                 *args.pytest_args], cwd=ROOT, env=os.environ.copy())
         if code:

@@ -161,6 +161,13 @@ class Completer(Service):
                     for item in batch[index:]:
                         self._queue.put(item)
                     raise
+                except DatabaseError:
+                    # Not even the failure could be written: the lease will expire and the job be
+                    # retried. Not a lost lease, and no reason to drop the rest of the batch.
+                    logger.exception("job %s: could not record the refused result; the lease will expire",
+                                     ctx.job_id)
+                    failed.add(ctx.job_id)
+                    continue
                 if outcome is None:
                     continue  # the token moved on meanwhile: reported as a lost lease by flush()
                 failed.add(ctx.job_id)
@@ -225,7 +232,9 @@ class HeartbeatService(Service):
             for item in due:
                 renewal = renewals.get(item.job.id)
                 if renewal is None:
-                    if not item.ctx.lease_lost:
+                    # Read the flag again: the handler may have committed fenced_atomic() since the
+                    # check above (the flag is set before that commit); the job is done, not lost.
+                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction:
                         report_lease_lost(item.ctx, write="renew")
                     continue
                 if renewal.cancel_requested:

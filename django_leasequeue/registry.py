@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
-from .conf import get_settings
+from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, get_settings
 from .exceptions import ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge, UnknownTask
 from .retry import BackoffLike
 
@@ -347,21 +347,21 @@ def _check_text(text: str, path: str) -> None:
         raise PayloadNotSerializable(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
 
 
-# jsonb keeps numbers as numeric, at most 131072 digits before the point.
-MAX_INT_DIGITS = 131072
+# Python refuses to turn text of more than sys.int_info.default_max_str_digits (4300) digits into an
+# int unless a process raises its own limit; json.loads then fails with a bare ValueError. The
+# limit is the default one, not this process's: the worker, the admin and the result readers decode
+# the row in their own processes, with the default limit.
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits or 4300
+_INT_BOUND = 10 ** MAX_INT_DIGITS
 
 
 def _check_int(number: int, path: str) -> None:
-    """Refuse an int that cannot become JSON text: Python will not print one longer than
-    ``sys.get_int_max_str_digits()`` (4300 digits by default; json.dumps would raise a bare
-    ValueError), and PostgreSQL's numeric stops at MAX_INT_DIGITS digits."""
-    try:
-        digits = len(int.__repr__(abs(number)))
-    except ValueError:
-        digits = None
-    if digits is None or digits > MAX_INT_DIGITS:
-        limit = min(sys.get_int_max_str_digits() or MAX_INT_DIGITS, MAX_INT_DIGITS)
-        raise PayloadNotSerializable(f"{path} is an int of more than {limit} digits, which cannot be stored as JSON; "
+    """Refuse an int of more than :data:`MAX_INT_DIGITS` (4300) digits: ``json.dumps`` raises a
+    bare ValueError on it in a process with the default limit, and a process with a raised limit
+    would write JSON that every other process fails to read back."""
+    if abs(number) >= _INT_BOUND:
+        raise PayloadNotSerializable(f"{path} is an int of more than {MAX_INT_DIGITS} digits, which other Python "
+                                     "processes cannot read back from JSON (sys.get_int_max_str_digits); "
                                      "pass it as a str")
 
 
@@ -462,9 +462,7 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
 
 
 MAX_QUEUE_LENGTH = 100  # Job.queue's max_length
-MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DELAY_SECONDS = 100 * 366 * 24 * 3600.0
-MAX_LEASE_SECONDS = 7 * 24 * 3600.0
 
 
 def _check_name(value: Any, what: str, max_length: int) -> None:
@@ -483,11 +481,9 @@ def _check_name(value: Any, what: str, max_length: int) -> None:
 
 def _check_lease(value: Any, what: str, error: type[Exception]) -> None:
     """A lease is None (the worker's default) or finite seconds in (0, 7 days]."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 < value <= MAX_LEASE_SECONDS:
-        raise error(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}], got {value!r}")
+    problem = check_lease_seconds(value, what) if value is not None else None
+    if problem:
+        raise error(problem)
 
 
 def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:

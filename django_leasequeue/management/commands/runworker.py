@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_leasequeue.conf import get_settings
+from django_leasequeue.conf import check_lease_seconds, get_settings
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
-        if options["lease"] is not None and options["lease"] <= 0:
-            raise CommandError("--lease must be > 0 seconds")
+        problem = check_lease_seconds(options["lease"], "--lease") if options["lease"] is not None else None
+        if problem:
+            raise CommandError(problem)
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,

@@ -384,7 +384,7 @@ def _resolve(name: str) -> registry.Task[..., Any] | None:
     return _spec_for(task, _backend_of(task))
 
 
-registry.add_resolver(_resolve)
+registry.add_resolver(_resolve, names=lambda: list(_TASKS))
 
 
 # ---------------------------------------------------------------------------------------------

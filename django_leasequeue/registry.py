@@ -7,6 +7,7 @@ dead-letters names it does not know. It never imports a dotted path taken from a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import sys
@@ -34,6 +35,7 @@ _REGISTRY: dict[str, Task[..., Any]] = {}
 _LOCK = threading.Lock()
 # Extra resolvers (the Django tasks backend registers one) consulted after the native registry.
 _RESOLVERS: list[Callable[[str], Task[..., Any] | None]] = []
+_NAME_SOURCES: list[Callable[[], Iterable[str]]] = []
 _autodiscovered = False
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
@@ -282,10 +284,32 @@ def _qualified(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def add_resolver(resolver: Callable[[str], Task[..., Any] | None]) -> None:
-    """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend)."""
+def add_resolver(resolver: Callable[[str], Task[..., Any] | None],
+                 names: Callable[[], Iterable[str]] | None = None) -> None:
+    """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend).
+
+    Args:
+        resolver: returns the task registered as the name, or None.
+        names: returns every name ``resolver`` knows (for "did you mean" hints); optional.
+    """
     if resolver not in _RESOLVERS:
         _RESOLVERS.append(resolver)
+        if names is not None:
+            _NAME_SOURCES.append(names)
+
+
+def did_you_mean(name: str) -> str:
+    """``"did you mean 'a' or 'b'?"`` over the known task names close to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, known_task_names(), n=3, cutoff=0.8)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def known_task_names() -> list[str]:
+    """Every task name this process can run: the native registry's and the resolvers' (sorted)."""
+    names = set(_REGISTRY)
+    for source in _NAME_SOURCES:
+        names.update(source())
+    return sorted(names)
 
 
 def get_task(name: str) -> Task[..., Any]:
@@ -301,7 +325,49 @@ def get_task(name: str) -> Task[..., Any]:
         found = resolver(name)
         if found is not None:
             return found
-    raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run)")
+    raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run; a task name read "
+                      f"from a job is never imported). {unknown_task_help(name)}")
+
+
+def unknown_task_help(name: str) -> str:
+    """Explain, for an error message, where this process looked for ``name`` and how to fix it.
+
+    Names the close matches among the registered tasks, the modules this process imported to find
+    tasks (installed apps' ``tasks``/``jobs`` modules and ``LEASEQUEUE["IMPORTS"]``) and the fix.
+
+    Args:
+        name: the task name that was not found.
+
+    Returns:
+        One paragraph of text (no trailing newline).
+    """
+    parts = []
+    known = known_task_names()
+    suggestion = did_you_mean(name)
+    if suggestion:
+        parts.append(suggestion[0].upper() + suggestion[1:])
+    modules = _task_modules()
+    shown = ", ".join(modules[:10]) + (f" and {len(modules) - 10} more" if len(modules) > 10 else "")
+    parts.append(
+        "Tasks are found by importing the 'tasks' and 'jobs' modules of every installed app and the "
+        f"modules listed in LEASEQUEUE['IMPORTS'] (this process imported {shown or 'none'}; "
+        f"{len(known)} task(s) registered). To fix: decorate the function with @task in such a module "
+        "(name= must match the job's task name) or add its module to LEASEQUEUE['IMPORTS'], deploy it to "
+        "the workers, then replay the job."
+    )
+    return " ".join(parts)
+
+
+def _task_modules() -> list[str]:
+    """The modules autodiscovery imports that this process has imported, in order."""
+    from django.apps import apps
+
+    names = [f"{app.name}.{sub}" for app in apps.get_app_configs() for sub in ("tasks", "jobs")]
+    try:
+        names += list(get_settings().imports)
+    except Exception:  # noqa: BLE001 - an invalid setting is reported elsewhere; this is a hint
+        pass
+    return [module for module in dict.fromkeys(names) if module in sys.modules]
 
 
 def registered_tasks() -> dict[str, Task[..., Any]]:
@@ -495,7 +561,8 @@ def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
             autodiscover()
             spec = _REGISTRY.get(task_or_name)
         if spec is None:
-            raise UnknownTask(f"cannot enqueue {task_or_name!r}: no task is registered under that name")
+            raise UnknownTask(f"cannot enqueue {task_or_name!r}: no task is registered under that name. "
+                              f"{unknown_task_help(task_or_name)}")
         return spec
     raise TypeError(f"enqueue() needs a Task or a registered task name, got {task_or_name!r}")
 

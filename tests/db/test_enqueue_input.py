@@ -83,6 +83,8 @@ def test_json_values_round_trip_unchanged():
 def test_unknown_task_name_is_a_clear_error():
     with pytest.raises(UnknownTask, match="'qa.no_such_task'.*no task is registered"):
         enqueue("qa.no_such_task")
+    with pytest.raises(UnknownTask, match=r"cannot enqueue 'qa\.recrod'.*Did you mean 'qa\.record'\?"):
+        enqueue("qa.recrod")
     with pytest.raises(TypeError, match="needs a Task or a registered task name"):
         enqueue(print)
     assert Job.objects.count() == 0
@@ -99,7 +101,13 @@ def test_row_naming_unregistered_task_is_dead_lettered_without_importing(name, t
     job = Job.objects.get(pk=claimed.id)
     assert (job.status, job.attempts, len(job.errors)) == ("dead", 1, 1)
     assert job.errors[0]["type"] == "django_leasequeue.exceptions.UnknownTask"
-    assert f"no task is registered as {name!r}" in job.errors[0]["message"]
+    message = job.errors[0]["message"]
+    assert f"no task is registered as {name!r}" in message
+    # ... and says where workers look for tasks, what this process imported, and the fix.
+    assert "importing the 'tasks' and 'jobs' modules of every installed app and the modules listed in " \
+           "LEASEQUEUE['IMPORTS'] (this process imported " in message
+    assert "qa.tasks" in message and "invoices.tasks" in message
+    assert "decorate the function with @task in such a module" in message and "replay the job" in message
     assert not marker.exists()
     assert "qa_never_imported_module" not in sys.modules
 

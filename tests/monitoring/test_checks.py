@@ -86,3 +86,10 @@ def test_checks_are_registered_with_django():
     database_tagged = {c.__name__ for c in django_checks.registry.registry.get_checks()
                        if "database" in getattr(c, "tags", ())}
     assert {"check_migrations", "check_schedules"} <= database_tagged
+
+
+@pytest.mark.django_db
+def test_schedule_of_a_misspelt_task_suggests_the_registered_one():
+    Schedule.objects.bulk_create([Schedule(name="typo", task="invoices.tasks.flaky_snyc", cron="* * * * *")])
+    (warning,) = [m for m in checks.check_schedules(databases=["default"]) if m.id == "leasequeue.W102"]
+    assert "(did you mean 'invoices.tasks.flaky_sync'" in warning.msg

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import sys
@@ -18,7 +19,14 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, get_settings
-from .exceptions import ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge, UnknownTask
+from .exceptions import (
+    ArgumentsMismatch,
+    ConfigurationError,
+    EnqueueError,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    UnknownTask,
+)
 from .retry import BackoffLike
 
 if TYPE_CHECKING:
@@ -493,8 +501,74 @@ def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
         )
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int) -> tuple[str, str]:
+# Handler -> its signature as enqueue() receives the arguments (the context parameter left out), or
+# None when it has none Python can tell. Cached: inspect.signature costs more than the checks.
+_SIGNATURES: dict[tuple[Any, bool], inspect.Signature | None] = {}
+
+
+def enqueue_signature(spec: Task[..., Any]) -> inspect.Signature | None:
+    """The parameters a job of ``spec`` is enqueued with: the handler's signature without the
+    :class:`JobContext` parameter of a ``takes_context`` handler. None when the handler has no
+    signature Python can read (some builtins and C callables)."""
+    key = (spec.func, spec.takes_context)
+    try:
+        return _SIGNATURES[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: not cached
+        return _read_signature(spec.func, spec.takes_context)
+    if len(_SIGNATURES) > 10_000:
+        _SIGNATURES.clear()
+    found = _SIGNATURES[key] = _read_signature(spec.func, spec.takes_context)
+    return found
+
+
+def _read_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(func)
+    except Exception:  # noqa: BLE001 - no signature (or annotations that cannot be evaluated)
+        return None
+    params = list(signature.parameters.values())
+    if takes_context:
+        if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return None  # (*args, **kwargs) or the like: the context goes who knows where
+        params = params[1:]
+    return signature.replace(parameters=params)
+
+
+def _positional_names(signature: inspect.Signature | None) -> list[str]:
+    if signature is None:
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind in kinds]
+
+
+def check_arguments_bind(spec: Task[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse arguments the handler of ``spec`` cannot be called with (missing or unexpected ones).
+
+    Raises:
+        ArgumentsMismatch: naming the task, the problem and the handler's signature.
+    """
+    signature = enqueue_signature(spec)
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentsMismatch(f"task {spec.name!r} cannot take these arguments: {exc}; it is enqueued "
+                                f"as {spec.name}{signature}") from None
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int,
+                   names: Sequence[str] = ()) -> tuple[str, str]:
     """Validate and JSON-encode a job's arguments.
+
+    Args:
+        args, kwargs: the arguments.
+        limit: the largest encoded size in bytes (0: no limit).
+        names: the names of the handler's positional parameters, to name a bad positional argument
+            (``argument 'amount'``); a positional argument without a name is ``args[i]`` (from 0).
 
     Returns:
         ``(args_json, kwargs_json)``.
@@ -505,7 +579,7 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
     """
     args = list(args)
     for i, value in enumerate(args):
-        check_json(value, f"argument {i}")
+        check_json(value, f"argument {names[i]!r}" if i < len(names) else f"args[{i}]")
     for key, value in kwargs.items():
         if not isinstance(key, str):
             raise PayloadNotSerializable(f"keyword argument name {key!r} is not a str")
@@ -570,8 +644,13 @@ def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
 def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
               run_at: datetime | timedelta | None = None, queue: str | None = None,
               priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
-              max_attempts: int | None = None) -> NewJob:
+              max_attempts: int | None = None, check_signature: bool = True) -> NewJob:
     """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
+
+    Args:
+        check_signature: refuse arguments that do not bind to the handler's signature
+            (:class:`ArgumentsMismatch`). The scheduler passes False: its jobs are emitted even for
+            tasks this process does not know (a rolling deploy), so its signature may be stale.
 
     Raises:
         EnqueueError (and its subclasses): see :func:`enqueue`.
@@ -582,7 +661,11 @@ def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[st
     kwargs = dict(kwargs or {})
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
         raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
-    args_json, kwargs_json = encode_payload(list(args), kwargs, limit=settings.max_payload_bytes)
+    args = list(args)
+    args_json, kwargs_json = encode_payload(args, kwargs, limit=settings.max_payload_bytes,
+                                            names=_positional_names(enqueue_signature(spec)))
+    if check_signature:
+        check_arguments_bind(spec, args, kwargs)
     queue = queue or spec.queue or settings.default_queue
     _check_name(queue, "queue", MAX_QUEUE_LENGTH)
     if not settings.queue_allowed(queue):
@@ -658,6 +741,7 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
 
     Raises:
         PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
+        ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
         EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
         UnknownTask: ``task_or_name`` is a name nobody registered.

@@ -49,7 +49,8 @@ DEEP = functools.reduce(lambda inner, _: [inner], range(5000), [])
 
 # (name, enqueue call, expected exception class, words the message must contain)
 HOSTILE = [
-    ("nul_in_str_argument", lambda: enqueue(record, ["a\x00b"]), PayloadNotSerializable, "argument 0 contains a NUL"),
+    ("nul_in_str_argument", lambda: enqueue(record, ["a\x00b"]), PayloadNotSerializable,
+     "argument 'tag' contains a NUL"),
     ("nul_in_nested_dict_key", lambda: enqueue(record, [{"ok": {"k\x00": 1}}]), PayloadNotSerializable,
      "contains a NUL"),
     ("nul_in_kwarg_name", lambda: enqueue(record, [], {"t\x00g": "x"}), PayloadNotSerializable,
@@ -61,9 +62,9 @@ HOSTILE = [
     ("list_5000_deep", lambda: enqueue(record, [DEEP]), PayloadNotSerializable, "nested more than 500 levels"),
     ("float_1e16", lambda: enqueue(record, [], {"sleep": 1e16}), PayloadNotSerializable, "come back"),
     ("float_1e20", lambda: enqueue(record, [1e20]), PayloadNotSerializable, "come back"),
-    ("float_max", lambda: enqueue(record, [[1.7976931348623157e308]]), PayloadNotSerializable, "argument 0[0]"),
+    ("float_max", lambda: enqueue(record, [[1.7976931348623157e308]]), PayloadNotSerializable, "argument 'tag'[0]"),
     ("int_of_5000_digits", lambda: enqueue(record, [{"n": 10**5000}]), PayloadNotSerializable,
-     "argument 0['n'] is an int of more than"),
+     "argument 'tag'['n'] is an int of more than"),
     ("queue_101_chars", lambda: enqueue(record, ["x"], queue="q" * 101), EnqueueError, "the limit is 100"),
     ("queue_with_nul", lambda: enqueue(record, ["x"], queue="q\x00"), EnqueueError, "NUL"),
     ("unique_key_with_nul", lambda: enqueue(record, ["x"], unique_key="k\x00"), EnqueueError, "NUL"),
@@ -156,15 +157,15 @@ def test_int_of_4300_digits_is_accepted_and_one_more_digit_is_refused_whatever_t
     """The bound is Python's default ``int_max_str_digits`` (4300), not this process's: a process
     that raised its own limit would otherwise write JSON the worker (default limit) cannot read."""
     largest = 10**4300 - 1
-    job = enqueue(record, [], {"tag": "t", "sleep": 0, "n": largest})
-    assert Job.objects.get(pk=job.pk).kwargs["n"] == largest
+    job = enqueue(record, [[largest]])
+    assert Job.objects.get(pk=job.pk).args == [[largest]]
     previous = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(0)  # unlimited in this process: json.dumps would succeed
     try:
         for value in (10**4300, -(10**4300), 10**5000):
             with pytest.raises(PayloadNotSerializable,
-                               match=r"keyword argument 'n' is an int of more than 4300 digits.*pass it as a str"):
-                enqueue(record, [], {"n": value})
+                               match=r"argument 'tag'\[0\] is an int of more than 4300 digits.*pass it as a str"):
+                enqueue(record, [[value]])
     finally:
         sys.set_int_max_str_digits(previous)
     assert Job.objects.count() == 1

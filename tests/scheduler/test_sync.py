@@ -151,5 +151,41 @@ def test_runscheduler_once_syncs_and_ticks(settings, capsys):
     assert Schedule.objects.get(name="nightly").source == "settings"
     from django_leasequeue.models import WorkerProcess
 
-    (row,) = WorkerProcess.objects.filter(kind="scheduler")
-    assert row.id.endswith(":once:scheduler") and row.last_tick_at is not None
+    assert not WorkerProcess.objects.exists()  # a one-shot run leaves no process row behind
+    assert "next occurrence: nightly @ " in out
+
+
+def test_runscheduler_once_reports_what_it_emitted_and_the_next_occurrence(capsys):
+    from django_leasequeue import store
+    from django_leasequeue.models import WorkerProcess
+
+    now = store.db_now()
+    due = Schedule.objects.create(name="minutely", task=NOOP, cron="* * * * *")
+    Schedule.objects.filter(pk=due.pk).update(next_occurrence_at=now - timedelta(seconds=30))
+    Schedule.objects.create(name="off", task=NOOP, cron="* * * * *", enabled=False)
+    call_command("runscheduler", "--once", "--no-sync")
+    lines = capsys.readouterr().out.splitlines()
+    (job,) = Job.objects.all()
+    assert lines[0].endswith(": 1 enabled schedule(s), 1 due, emitted 1 job(s), 0 already emitted, skipped 0 "
+                             "occurrence(s), 0 error(s)")
+    assert lines[1] == f"  emitted minutely @ {job.occurrence_at.isoformat()}"
+    nxt = Schedule.objects.get(pk=due.pk).next_occurrence_at
+    assert lines[2].startswith(f"next occurrence: minutely @ {nxt.isoformat()} (in ")
+    assert len(lines) == 3 and not WorkerProcess.objects.exists()
+    Schedule.objects.filter(pk=due.pk).update(enabled=False)
+    call_command("runscheduler", "--once", "--no-sync")
+    assert capsys.readouterr().out.splitlines()[1:] == ["next occurrence: none (no enabled schedule)"]
+
+
+def test_runscheduler_once_deregisters_even_when_the_tick_fails(monkeypatch):
+    from django_leasequeue.models import WorkerProcess
+    from django_leasequeue.scheduler import SchedulerService
+
+    def broken_tick(self, now=None):
+        assert WorkerProcess.objects.filter(kind="scheduler").count() == 1  # registered while it ticks
+        raise RuntimeError("tick failed")
+
+    monkeypatch.setattr(SchedulerService, "tick", broken_tick)
+    with pytest.raises(RuntimeError, match="tick failed"):
+        call_command("runscheduler", "--once", "--no-sync")
+    assert not WorkerProcess.objects.exists()

@@ -61,8 +61,9 @@ def _describe(event: str, fields: dict[str, Any]) -> str:
     if fields.get("message"):
         message = str(fields["message"])
         text += f": {message[:300]}{'...' if len(message) > 300 else ''}"
-    if event == "retried" and fields.get("run_at"):
-        text += f"; next attempt at {fields['run_at']}"
+    run_at = fields.get("run_at")
+    if event == "retried" and run_at:
+        text += f"; next attempt at {run_at.isoformat(timespec='seconds') if hasattr(run_at, 'isoformat') else run_at}"
     if fields.get("reason"):
         text += f" ({fields['reason']})"
     return text.replace("%", "%%")

@@ -277,6 +277,7 @@ class SchedulerService(Service):
             invalid: checked here, so a bad setting stops the process before it starts.
     """
 
+    stops_first = True
     name = "scheduler"
 
     def __init__(self, *, interval: float | None = None, sync: bool = True, process_id: str | None = None,

@@ -22,7 +22,8 @@ class Command(BaseCommand):
                             help="comma-separated queues to serve; '*' (default) serves every queue")
         parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
         parser.add_argument("--lease", type=float, default=None,
-                            help="default lease in seconds for tasks without their own (default: LEASEQUEUE['LEASE'])")
+                            help="default lease in seconds for tasks without their own, at most 604800 (7 days) "
+                                 "(default: LEASEQUEUE['LEASE'])")
         parser.add_argument("--poll-interval", type=float, default=None,
                             help="seconds between polls when no notification arrives (default: setting)")
         parser.add_argument("--burst", action="store_true", help="exit once no due job is left")

@@ -9,12 +9,36 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
 from .exceptions import ConfigurationError
+
+#: The longest lease, in seconds (7 days): for ``LEASE``, ``runworker --lease``, ``@task(lease=...)``
+#: and ``using(lease=...)``. Longer leases are no longer leases (a dead worker's job would wait a week
+#: or more), and values past this bound overflow PostgreSQL's interval arithmetic.
+MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+#: The most claims a job may get (``MAX_ATTEMPTS``, ``@task(max_attempts=...)``, ``enqueue(max_attempts=...)``).
+MAX_ATTEMPTS_LIMIT = 1_000_000
+
+
+def check_lease_seconds(value: Any, what: str) -> str | None:
+    """Return why ``value`` is not a lease length (finite seconds in (0, 7 days]), or None if it is.
+
+    Args:
+        value: the candidate, in seconds.
+        what: how to name it in the message (e.g. ``"LEASEQUEUE['LEASE']"``).
+    """
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_LEASE_SECONDS:
+        return f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}] (7 days at most), got {value!r}"
+    return None
+
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim holds a job before another worker may take it; renewed by heartbeats.
@@ -120,6 +144,16 @@ def parse_rate(value: Any, where: str = "rate_limit") -> RateLimit:
     return RateLimit(limit=int(match.group(1)), per=_RATE_UNITS[match.group(2)])
 
 
+def _did_you_mean(key: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for an unknown key: the closest spelling, else a known key the
+    unknown one starts or ends with (``LEASE_SECONDS`` -> ``LEASE``); empty when nothing fits."""
+    options = sorted(choices)
+    close = difflib.get_close_matches(key, options, n=1)
+    if not close:
+        close = sorted((k for k in options if key.startswith(k + "_") or key.endswith("_" + k)), key=len)[-1:]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
     """Validate per-queue options (did-you-mean on unknown keys); return the rate limits by queue."""
     rates: dict[str, RateLimit] = {}
@@ -128,8 +162,7 @@ def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
         if unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(key, QUEUE_OPTIONS, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                hints.append(f"{key!r}{_did_you_mean(key, QUEUE_OPTIONS)}")
             raise ConfigurationError(f"Unknown option(s) for LEASEQUEUE['QUEUES'][{name!r}]: " + ", ".join(hints))
         if options.get("rate_limit") is not None:
             rates[name] = parse_rate(options["rate_limit"], f"LEASEQUEUE['QUEUES'][{name!r}]['rate_limit']")
@@ -183,15 +216,15 @@ def build(raw: dict[str, Any] | None) -> Settings:
     if unknown:
         hints = []
         for key in unknown:
-            close = difflib.get_close_matches(key, DEFAULTS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            hints.append(f"{key!r}{_did_you_mean(key, DEFAULTS)}")
         raise ConfigurationError("Unknown LEASEQUEUE setting(s): " + ", ".join(hints))
     merged = {**DEFAULTS, **raw}
     for key in _DURATIONS:
         merged[key] = to_seconds(merged[key], key)
     lease = merged["LEASE"]
-    if lease is None or lease <= 0:
-        raise ConfigurationError(f"LEASEQUEUE['LEASE'] must be > 0 seconds, got {lease!r}")
+    problem = check_lease_seconds(lease, "LEASEQUEUE['LEASE']")
+    if problem:
+        raise ConfigurationError(problem)
     heartbeat = merged["HEARTBEAT_INTERVAL"] if merged["HEARTBEAT_INTERVAL"] is not None else lease / 3
     if not 0 < heartbeat < lease:
         raise ConfigurationError(
@@ -207,8 +240,10 @@ def build(raw: dict[str, Any] | None) -> Settings:
     if not 0 <= merged["BACKOFF_JITTER"] <= 1:
         raise ConfigurationError("LEASEQUEUE['BACKOFF_JITTER'] must be between 0 and 1")
     max_attempts = merged["MAX_ATTEMPTS"]
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int >= 1, got {max_attempts!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
+            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                                 f"got {max_attempts!r}")
     max_payload = merged["MAX_PAYLOAD_BYTES"]
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
         raise ConfigurationError(

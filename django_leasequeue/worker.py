@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from . import reaper, registry, signals, store
-from .conf import Settings, get_settings
+from .conf import Settings, check_lease_seconds, get_settings
 from .context import JobContext
 from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
@@ -161,6 +161,13 @@ class Completer(Service):
                     for item in batch[index:]:
                         self._queue.put(item)
                     raise
+                except DatabaseError:
+                    # Not even the failure could be written: the lease will expire and the job be
+                    # retried. Not a lost lease, and no reason to drop the rest of the batch.
+                    logger.exception("job %s: could not record the refused result; the lease will expire",
+                                     ctx.job_id)
+                    failed.add(ctx.job_id)
+                    continue
                 if outcome is None:
                     continue  # the token moved on meanwhile: reported as a lost lease by flush()
                 failed.add(ctx.job_id)
@@ -254,12 +261,15 @@ class WorkerService(Service):
     Args:
         queues: queue names to serve, or None for every queue.
         concurrency: number of handler threads.
-        lease: default lease in seconds for jobs whose task sets none; None: the setting.
+        lease: default lease in seconds for jobs whose task sets none, in (0, 7 days]; None: the setting.
         poll_interval: seconds between claims when idle and no notification arrives.
         burst: stop once no due job is left and nothing is running.
         worker_name: the last part of the worker id (``host:pid:name``).
         notify: listen for enqueue notifications (None: the ``NOTIFY`` setting).
         reap: run the reaper's sweep in this process.
+
+    Raises:
+        ValueError: ``concurrency`` below 1, or a ``lease`` outside (0, 7 days].
     """
 
     name = "worker"
@@ -273,9 +283,10 @@ class WorkerService(Service):
             raise ValueError("concurrency must be >= 1")
         self.queues = list(queues) if queues is not None else None
         self.concurrency = concurrency
-        self.lease = float(lease or self.settings.lease)
-        if self.lease <= 0:
-            raise ValueError("lease must be > 0 seconds")
+        problem = check_lease_seconds(lease, "lease") if lease is not None else None
+        if problem:
+            raise ValueError(problem)
+        self.lease = float(lease if lease is not None else self.settings.lease)
         self.poll_interval = float(poll_interval or self.settings.poll_interval)
         self.burst = burst
         self.worker_id = make_worker_id(worker_name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_leasequeue.conf import get_settings
+from django_leasequeue.conf import check_lease_seconds, get_settings
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ class Command(BaseCommand):
                             help="comma-separated queues to serve; '*' (default) serves every queue")
         parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
         parser.add_argument("--lease", type=float, default=None,
-                            help="default lease in seconds for tasks without their own (default: LEASEQUEUE['LEASE'])")
+                            help="default lease in seconds for tasks without their own, at most 604800 (7 days) "
+                                 "(default: LEASEQUEUE['LEASE'])")
         parser.add_argument("--poll-interval", type=float, default=None,
                             help="seconds between polls when no notification arrives (default: setting)")
         parser.add_argument("--burst", action="store_true", help="exit once no due job is left")
@@ -50,8 +52,9 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
-        if options["lease"] is not None and options["lease"] <= 0:
-            raise CommandError("--lease must be > 0 seconds")
+        problem = check_lease_seconds(options["lease"], "--lease") if options["lease"] is not None else None
+        if problem:
+            raise CommandError(problem)
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
@@ -67,10 +70,24 @@ class Command(BaseCommand):
         self.stdout.write(
             f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
             f"{worker.concurrency} thread(s), lease {worker.lease:g} s"
-            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully. "
-            "Events are logged on the 'django_leasequeue' loggers (configure LOGGING to see them)."
+            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully."
         )
+        self.stdout.write(_tasks_line())
+        if not logging.getLogger("django_leasequeue.events").hasHandlers():
+            self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
+                              "for them, so configure LOGGING to see retries and dead letters.")
         self.stdout.flush()
         code = run_services(services)
         if code:
             raise SystemExit(code)
+
+
+def _tasks_line(shown: int = 12) -> str:
+    """The registered task names, so a newcomer sees at start whether the worker found theirs (a job
+    naming an unregistered task is dead-lettered as UnknownTask, never imported)."""
+    from django_leasequeue.registry import registered_tasks
+
+    names = sorted(registered_tasks())
+    listed = ", ".join(names[:shown]) + (f", ... ({len(names) - shown} more)" if len(names) > shown else "")
+    return (f"{len(names)} task(s) registered: {listed or 'none'} (tasks modules of installed apps and "
+            "LEASEQUEUE['IMPORTS'])")

@@ -73,6 +73,14 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     assert abs(process_clock_offset(behind) + SKEW_DAYS * 86400) < 120
     method = "libfaketime" if use_libfaketime() else "sitecustomize"
 
+    # Each worker serves the default queue and a queue of its own (for the stamped jobs below).
+    fleet = Fleet(spawn, env={"LEASEQUEUE_LEASE": str(LEASE)})
+    fleet.start_reaper()
+    right = fleet.start(name="right", args=("--queues", "default,only-right"))
+    fast = fleet.start(name="ahead", env=ahead, args=("--queues", "default,only-ahead"))
+    slow = fleet.start(name="behind", env=behind, args=("--queues", "default,only-behind"))
+    fleet.wait_registered()  # all three claiming before any work exists, so each gets a share
+
     # Long jobs outlive the lease and are renewed. A 4 s lease (renewed every 1.3 s) rather than the
     # suite's 2 s: this test asserts that no lease expires at all, also on a loaded machine.
     ids = enqueue_chaos(JOBS, seed=5, long_share=0.03, long_work=(4.5, 5.5))
@@ -80,15 +88,10 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     due = db_now() + timedelta(seconds=3)
     assert enqueue_many("qa.chaos", [[] for _ in range(30)], run_at=due) == 30
     delayed = list(Job.objects.filter(task="qa.chaos", run_at=due).values_list("id", flat=True))
-    # Plain jobs that record an Execution row stamped by the worker's own (Python) clock.
-    stamped = [enqueue("qa.record", [f"r{i}"]).id for i in range(60)]
-
-    fleet = Fleet(spawn, env={"LEASEQUEUE_LEASE": str(LEASE)})
-    fleet.start_reaper()
-    right = fleet.start(name="right")
-    fast = fleet.start(name="ahead", env=ahead)
-    slow = fleet.start(name="behind", env=behind)
-    fleet.wait_registered()
+    # Jobs that record an Execution row stamped by the worker's own (Python) clock, 20 for each
+    # worker on its own queue.
+    stamped = [enqueue("qa.record", [f"{name}{i}"], queue=f"only-{name}").id
+               for name in ("right", "ahead", "behind") for i in range(20)]
     drained = wait_drained(240, task=None)
     exits = fleet.stop()
     assert all(code == 0 for code, _ in exits.values()), exits
@@ -110,15 +113,15 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     for job in Job.objects.filter(id__in=delayed):
         assert job.started_at >= job.run_at, (job.id, job.leased_by)
     # The skew was real inside the workers: Execution.created_at is stamped by Python (auto_now_add).
-    offsets = {}
-    for name in ("ahead", "behind"):
-        rows = Execution.objects.filter(job_id__in=stamped, worker__endswith=f":{name}")
-        for row in rows:
+    offsets: dict[str, list[float]] = {}
+    for name in ("right", "ahead", "behind"):
+        for row in Execution.objects.filter(job_id__in=stamped, worker__endswith=f":{name}"):
             job = Job.objects.get(pk=row.job_id)
             offsets.setdefault(name, []).append(seconds(job.attempted_at, row.created_at))
-    assert all(abs(o - SKEW_DAYS * 86400) < 600 for o in offsets.get("ahead", [])), offsets
-    assert all(abs(o + SKEW_DAYS * 86400) < 600 for o in offsets.get("behind", [])), offsets
-    assert offsets, "no stamped job ran on a skewed worker"
+    assert {name: len(o) for name, o in offsets.items()} == {"right": 20, "ahead": 20, "behind": 20}, offsets
+    assert all(abs(o) < 600 for o in offsets["right"]), offsets
+    assert all(abs(o - SKEW_DAYS * 86400) < 600 for o in offsets["ahead"]), offsets
+    assert all(abs(o + SKEW_DAYS * 86400) < 600 for o in offsets["behind"]), offsets
     record("clock_skew", fault=f"2 of 3 workers with the system clock {SKEW_DAYS} days ahead / behind "
            f"({method})", jobs=len(all_ids) + len(stamped), faults=2, books=books, recovery=None,
            recovery_meaning="nothing to recover: no lease expired, no write was refused",

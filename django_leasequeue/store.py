@@ -363,7 +363,7 @@ _CLAIM_RETURNING = """
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
           (extract(epoch FROM j.leased_until) * 1000000)::bigint, coalesce(j.lease_seconds, %(lease)s),
           (extract(epoch FROM clock.now) * 1000000)::bigint, j.priority,
-          j.created_at, j.started_at, jsonb_array_length(j.errors)
+          j.created_at, j.started_at, jsonb_array_length(j.errors), j.run_at
 """
 
 # Per-key concurrency limits (docs/flow-control.md). A candidate with a concurrency key is
@@ -533,7 +533,7 @@ claimed AS (
               (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until,
               coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
               (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at,
-              j.priority, j.created_at, j.started_at, jsonb_array_length(j.errors) AS error_count
+              j.priority, j.created_at, j.started_at, jsonb_array_length(j.errors) AS error_count, j.run_at
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
@@ -573,7 +573,7 @@ waits AS (
     WHERE (SELECT coalesce(sum((e->>1)::int), 0) FROM jsonb_array_elements(l.rate_log) AS e) >= l.rate_n
 )
 SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until,
-       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, waits.waits
+       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, c.run_at, waits.waits
 FROM waits LEFT JOIN claimed c ON true
 """
 
@@ -643,6 +643,14 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+def _claim_order(rows: list[Any]) -> list[Any]:
+    """Put claimed rows in claim order (priority descending, then run_at, then id; run_at is column
+    15). UPDATE ... RETURNING gives no order, and the worker starts a batch's jobs in list order."""
+    if len(rows) > 1:
+        rows.sort(key=lambda r: (-r[11], r[15], r[0]))
+    return rows
+
+
 def _claimed(r: Sequence[Any]) -> ClaimedJob:
     """Build a ClaimedJob from a ``_CLAIM_RETURNING`` row (timestamps 8 and 10 as epoch microseconds)."""
     # The claim path builds one ClaimedJob per job: filling the frozen dataclass's __dict__ at once
@@ -695,7 +703,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
         with _cursor(alias) as cur:
             cur.execute(sql, params)
-            return ClaimResult(_claimed(r) for r in cur.fetchall())
+            return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
     names = list(queues) if queues is not None else rated
     params["queues"] = names
     params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
@@ -708,8 +716,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
             cur.execute(RATE_LOCK, {"names": rated})
         cur.execute(sql, params)
         rows = cur.fetchall()
-    waits = _load(rows[0][15]) if rows else {}
-    return ClaimResult((_claimed(r) for r in rows if r[0] is not None),
+    waits = _load(rows[0][16]) if rows else {}
+    return ClaimResult((_claimed(r) for r in _claim_order([r for r in rows if r[0] is not None])),
                        throttled={k: float(v) for k, v in (waits or {}).items()})
 
 
@@ -996,15 +1004,18 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
         return cur.fetchone() is not None
 
 
-# Give leases back without counting a failed attempt (graceful shutdown): the job is due at once
-# and its token is bumped so that a late write by the releasing worker is refused. A job whose
-# cancel was requested ends cancelled instead of running again.
+# Give leases back without counting a failed attempt (graceful shutdown, or a prefetched job that
+# no thread started): the job is due at once and its token is bumped so that a late write by the
+# releasing worker is refused. A job whose cancel was requested ends cancelled instead of running
+# again. Since the claim does not count, a job released from its first claim has no start time
+# again (started_at is the first counted claim; attempted_at keeps the latest claim).
 JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
     finished_at = CASE WHEN j.cancel_requested THEN clock.now ELSE NULL END,
     run_at = clock.now, leased_until = NULL,
+    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END,
     attempts = greatest(j.attempts - 1, 0), lease_version = j.lease_version + 1,
     history = j.history || jsonb_build_array(jsonb_build_object(
         'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now))
@@ -2090,7 +2101,7 @@ def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: date
     params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
     with _cursor(alias) as cur:
         cur.execute(JOB_CLAIM_IDS, params)
-        return ClaimResult(_claimed(r) for r in cur.fetchall())
+        return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
 
 
 # Make one held lease expire now, as if its worker had stopped renewing it long enough ago. Only

@@ -326,6 +326,10 @@ class WorkerService(Service):
         self.reap = reap
         self.prefetch_wait = float(self.settings.prefetch_wait if prefetch_wait is None else prefetch_wait)
         self.prefetch_max = int(self.settings.prefetch_max if prefetch_max is None else prefetch_max)
+        # No prefetch from rate-limited queues: the limit counts claims, and a prefetched job would
+        # use the allowance before a thread is free to run it (and may be released unrun).
+        if any(self.queues is None or q in self.queues for q in self.settings.rate_limits):
+            self.prefetch_max = 0
         self._next_reap = 0.0
         self._next_process_prune = 0.0
         self._lock = threading.Lock()

@@ -14,10 +14,7 @@ from django_leasequeue.worker import WorkerService
 
 def drain(concurrency: int = 1) -> WorkerService:
     """Run an in-process burst worker until no due job is left; return it (for its counters)."""
-    # prefetch_wait=0: started_at is the first claim's time, and a prefetching worker claims several
-    # jobs in one statement (equal started_at), which would hide the run order these tests check.
-    worker = WorkerService(concurrency=concurrency, burst=True, poll_interval=0.05, notify=False, reap=False,
-                           prefetch_wait=0)
+    worker = WorkerService(concurrency=concurrency, burst=True, poll_interval=0.05, notify=False, reap=False)
     assert run_services([worker], install_signals=False) == 0
     return worker
 

@@ -10,7 +10,7 @@ from django.db import connection
 from invoices.tasks import flaky_sync
 
 from django_leasequeue import enqueue_many, store
-from django_leasequeue.conf import get_settings
+from django_leasequeue.conf import build, get_settings
 from django_leasequeue.models import Job
 from django_leasequeue.worker import WorkerService
 
@@ -85,6 +85,12 @@ def test_prefetch_allowance_follows_recent_job_durations():
     assert worker.prefetch_allowance() == 0
     assert WorkerService(concurrency=4, notify=False, prefetch_wait=0).prefetch_allowance() == 0
     assert get_settings().prefetch_wait == 0.05 and get_settings().prefetch_max == 64
+    # Never from a rate-limited queue (the limit counts claims): not when the worker serves one.
+    rated = build({"QUEUES": {"default": {}, "partner": {"rate_limit": "10/s"}}})
+    for queues, allowance in ((["default"], 64), (["default", "partner"], 0), (None, 0)):
+        w = WorkerService(queues=queues, concurrency=4, notify=False, settings=rated)
+        w._avg_runtime = 0.0001
+        assert w.prefetch_allowance() == allowance, queues
 
 
 def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attempt():
@@ -94,7 +100,18 @@ def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attem
     worker._avg_runtime = 0.001  # short jobs: hold 2 threads + 8 prefetched
     assert worker.run_once() == 0.0  # threads were never started: every claimed job waits in the pool
     assert worker.claimed == 10 and len(worker.inflight_snapshot()) == 10
-    assert Job.objects.filter(status="leased", lease_version=1, attempts=1).count() == 10
+    held = Job.objects.filter(status="leased", lease_version=1, attempts=1)
+    assert held.count() == 10
+    claimed_at = {j.id: j.attempted_at for j in held}
+    assert {j.started_at == j.attempted_at for j in held} == {True}
+    # The heartbeat renews prefetched jobs like running ones (their lease runs from the claim).
+    leased_until = {j.id: j.leased_until for j in held}
+    for item in worker.inflight_snapshot():
+        assert item.started is False and item.deadline is None
+        item.next_renewal = 0.0
+    worker.heartbeat.run_once()
+    renewed = {j.id: j.leased_until for j in Job.objects.filter(id__in=leased_until)}
+    assert all(renewed[i] > leased_until[i] for i in leased_until)
     # Held jobs past the refill mark: the next round claims nothing and waits to be woken.
     assert worker.run_once() == worker.poll_interval and worker.claimed == 10
     assert worker.release_unstarted(older_than=3600) == 0  # none old enough
@@ -102,12 +119,26 @@ def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attem
     assert worker.inflight_snapshot() == []
     released = Job.objects.filter(lease_version=2)
     assert released.count() == 10
-    assert {(j.status, j.attempts, j.leased_until, j.history[-1]["event"]) for j in released} == {
-        ("ready", 0, None, "released")}
+    assert {(j.status, j.attempts, j.leased_until, j.started_at, j.history[-1]["event"]) for j in released} == {
+        ("ready", 0, None, None, "released")}
+    # Not a counted attempt: no start time; attempted_at keeps the latest claim.
+    assert {j.id: j.attempted_at for j in released} == claimed_at
     # The skipped queue entries are dropped by the threads: nothing runs, nothing is written.
     item = worker._tasks.get_nowait()
     assert worker._run_job(item) is False
     assert Job.objects.filter(status="ready").count() == 30
+
+
+def test_a_claimed_batch_is_in_claim_order():
+    # The worker starts a batch's jobs in list order (one thread: exactly this order), and UPDATE ...
+    # RETURNING has none of its own: priority descending, then run_at, then id.
+    now = store.db_now()
+    late = flaky_sync.using(priority=5, run_at=now - timedelta(seconds=1)).enqueue("late", failures=0)
+    early = flaky_sync.using(priority=5, run_at=now - timedelta(seconds=9)).enqueue("early", failures=0)
+    low = flaky_sync.using(priority=-1, run_at=now - timedelta(seconds=20)).enqueue("low", failures=0)
+    high = flaky_sync.using(priority=50, run_at=now - timedelta(seconds=2)).enqueue("high", failures=0)
+    plain = flaky_sync.enqueue("plain", failures=0)
+    assert [c.id for c in claim(store.db_now(), limit=10)] == [high.id, early.id, late.id, plain.id, low.id]
 
 
 def test_enqueue_returns_the_stored_job_and_keeps_unique_keys():

@@ -118,6 +118,8 @@ class Config:
     out: str
     keep: bool
     profile: bool = False
+    write_docs: bool = False
+    drop_cache: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -153,13 +155,21 @@ def parse_args(argv: list[str] | None = None) -> Config:
     ap.add_argument("--skip-peers", action="store_true", help="do not run the peer queues")
     ap.add_argument("--peers", help=f"systems for the peers harness (default: {' '.join(ALL_PEERS)})")
     ap.add_argument("--peers-n", type=int, help="jobs per peer drain (default: --jobs; quick: 1000)")
-    ap.add_argument("--claim-sizes", help="rows in the table for the claim-cost rows "
-                    "(default 10000,1000000; add 10000000 for the 10M row, ~3 GB and several minutes)")
+    ap.add_argument("--peers-lat-n", type=int, help="latency trickle jobs per peer and repetition (default 40; "
+                    "quick: 10). The harness waits 50-1,050 ms after each start, so each costs ~0.6-1.1 s")
+    ap.add_argument("--claim-sizes", help="rows in the table for the claim-cost rows (default "
+                    "10000,1000000,10000000; quick: 10000,100000). Sizes of 5,000,000 and more are measured in a "
+                    "cached database (<db>_big<size>, about 3 GB for 10M) built once and reused by later runs")
     ap.add_argument("--with-10m", action="store_true", help="shorthand: add 10,000,000 to --claim-sizes")
+    ap.add_argument("--drop-cache", action="store_true",
+                    help="drop the cached large claim-cost databases (rebuilt when needed) and exit")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="also put the table into docs/performance.md (between its bench-results markers)")
     ap.add_argument("--no-async-row", action="store_true", help="skip the 2 x 4 ASYNC_COMPLETIONS drain row")
     ap.add_argument("--db", default=os.environ.get("LQBENCH_DB", "leasequeue_bench"),
                     help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
-    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "leasequeue-bench-results", "results.json"))
+    ap.add_argument("--out", default=os.path.join(REPO, "build", "bench", "results.json"),
+                    help="raw results (JSON); the table goes next to it as results.md (default build/bench/)")
     ap.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     ap.add_argument("--profile", action="store_true",
                     help="one extra 2 x 4 drain under py-spy (GIL samples); prints where the workers' time goes")
@@ -174,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.claim_sizes:
         sizes = [int(x) for x in a.claim_sizes.split(",")]
     else:
-        sizes = [10_000, 100_000] if quick else [10_000, 1_000_000]
+        sizes = [10_000, 100_000] if quick else [10_000, 1_000_000, 10_000_000]
     if a.with_10m and 10_000_000 not in sizes:
         sizes.append(10_000_000)
     jobs = a.jobs or (2000 if quick else 20_000)
@@ -187,8 +197,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
         bulk_n=10_000, lat_n=30 if quick else 200, hot_seconds=6.0 if quick else 10.0, claim_sizes=sorted(sizes),
         claim_reps=50 if quick else 300, drains=drains, sections=sections, db=a.db,
         peers=(a.peers.split() if a.peers else list(ALL_PEERS)), peers_n=a.peers_n or (1000 if quick else jobs),
-        peers_reps=1 if quick else (a.reps or 3), peers_lat_n=10 if quick else 100, peers_dir=peers_dir,
-        out=a.out, keep=a.keep, profile=a.profile,
+        peers_reps=1 if quick else (a.reps or 3), peers_lat_n=a.peers_lat_n or (10 if quick else 40),
+        peers_dir=peers_dir,
+        out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache,
     )
 
 
@@ -225,6 +236,13 @@ class Databases:
         self._admin(f'CREATE DATABASE "{self.cfg.db}" TEMPLATE "{self.cfg.template}"')
         self.setup_django()
         return self.cfg.db
+
+    def use(self, name: str) -> None:
+        """Point the in-process Django connection at database ``name`` (reconnects on next use)."""
+        from django.db import connections
+
+        connections.close_all()
+        connections["default"].settings_dict["NAME"] = name
 
     def setup_django(self) -> None:
         if self.django_ready:
@@ -375,8 +393,9 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
         spies: list[subprocess.Popen] = []
         db = dbs.fresh()
         with connect(db) as c:
-            c.execute("INSERT INTO leasequeue_queue (name, paused, paused_by, updated_at) "
-                      "VALUES ('default', true, 'bench', now())")
+            from django_leasequeue import store
+
+            store.queue_pause("default", by="bench")
             _bulk_enqueue(cfg.jobs)
             c.execute("ANALYZE leasequeue_job")
             env = {"LQBENCH_ASYNC_COMPLETIONS": "1"} if async_completions else {}
@@ -390,9 +409,7 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                              for p in workers.procs]
                 time.sleep(0.5 if not spies else 2.0)  # listeners connect right after registering
-                with c.transaction():
-                    c.execute("UPDATE leasequeue_queue SET paused = false WHERE name = 'default'")
-                    c.execute("NOTIFY leasequeue, 'default'")
+                store.queue_resume("default")  # NOTIFY at commit wakes the workers
                 deadline = time.monotonic() + max(120.0, cfg.jobs / 50)
                 while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job "
                                 "WHERE status IN ('ready', 'leased'))").fetchone()[0]:
@@ -473,9 +490,12 @@ def read_stamps(folder: str) -> list[tuple[float, float]]:
 
 
 def bench_latency(cfg: Config, dbs: Databases, notify: bool, workdir: str) -> list[dict]:
-    # With NOTIFY the pause only has to leave the worker idle; without it the pause is spread over
-    # 50-1,050 ms so enqueue times fall at a uniform phase of the 1 s polling cycle (as the harness).
-    lo, hi = (0.02, 0.22) if notify else (0.05, 1.05)
+    # Random pauses of 20-220 ms. With NOTIFY each job is enqueued once the previous one started,
+    # into an idle worker. Polling: the trickle does not wait for the starts (the enqueue times,
+    # independent of the worker's 1 s polling cycle, fall at a uniform phase of it, as the peers
+    # harness's 50-1,050 ms pauses after each start do; several jobs may then share a poll), so the
+    # row takes cfg.lat_n x 0.12 s instead of cfg.lat_n x 1.05 s.
+    lo, hi = 0.02, 0.22
     label = "latency " + ("notify" if notify else "polling")
 
     def one(rep: int) -> dict:
@@ -494,10 +514,15 @@ def bench_latency(cfg: Config, dbs: Databases, notify: bool, workdir: str) -> li
                     time.sleep(rng.uniform(lo, hi))
                     lat.enqueue(time.time())
                     deadline = time.monotonic() + 10
-                    while len(read_stamps(stamps)) <= i:
+                    while notify and len(read_stamps(stamps)) <= i:
                         if time.monotonic() > deadline:
                             raise RuntimeError(f"{label}: job {i} did not start within 10 s; {workers.tail()}")
                         time.sleep(0.002)
+                deadline = time.monotonic() + 10
+                while len(read_stamps(stamps)) < cfg.lat_n:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{label}: not every job started within 10 s; {workers.tail()}")
+                    time.sleep(0.01)
             finally:
                 workers.stop()
         lats = [(start - enq) * 1000.0 for start, enq in read_stamps(stamps)]
@@ -590,73 +615,181 @@ def _plan(sql: str, params: dict) -> tuple[str, float]:
     return text, ms
 
 
-def bench_claim_cost(cfg: Config, dbs: Databases, workdir: str) -> list[dict]:
-    """Claim cost against a growing table of finished (90 %) and future (10 %) rows."""
-    db = dbs.fresh()
+# Claim-cost sizes from this many rows up are measured in a cached database, built once.
+BIG = 5_000_000
+CACHE_VERSION = "1"
+
+
+def schema_signature(c: psycopg.Connection) -> str:
+    """What a cached large database must share with the template: the job table's columns and
+    indexes, the applied migrations and the seed (a change to any of them rebuilds the cache)."""
+    cols = c.execute("SELECT string_agg(attname || ':' || format_type(atttypid, atttypmod), ',' ORDER BY attnum) "
+                     "FROM pg_attribute WHERE attrelid = 'leasequeue_job'::regclass AND attnum > 0 "
+                     "AND NOT attisdropped").fetchone()[0]
+    idx = c.execute("SELECT string_agg(pg_get_indexdef(indexrelid), ';' ORDER BY indexrelid::regclass::text) "
+                    "FROM pg_index WHERE indrelid = 'leasequeue_job'::regclass").fetchone()[0]
+    migs = c.execute("SELECT string_agg(app || '.' || name, ',' ORDER BY app, name) FROM django_migrations"
+                     ).fetchone()[0]
+    return "|".join([CACHE_VERSION, cols, idx, migs, SEED])
+
+
+def _seed(c: psycopg.Connection, start: int, stop: int) -> None:
+    c.execute(SEED, {"start": start, "stop": stop})
+
+
+def ensure_big(cfg: Config, dbs: Databases, size: int) -> str:
+    """The cached database ``<db>_big<size>``: the template plus ``size`` finished/future rows,
+    ready for :func:`measure_claims` (rows added by an earlier run are deleted first). Built when
+    missing or when the schema changed: the secondary indexes are dropped, the rows inserted with
+    one ``INSERT ... SELECT generate_series``, the indexes rebuilt, then ``VACUUM (FREEZE, ANALYZE)``."""
+    name = f"{cfg.db}_big{size}"
+    with connect(cfg.template) as c:
+        want = schema_signature(c)
+    exists = False
+    with connect("postgres") as c:
+        exists = bool(c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone())
+    if exists:
+        with connect(name) as c:
+            row = c.execute("SELECT to_regclass('lqbench_cache') IS NOT NULL").fetchone()[0] and c.execute(
+                "SELECT signature, filler_max FROM lqbench_cache").fetchone()
+            if row and row[0] == want:
+                stray = c.execute("DELETE FROM leasequeue_job WHERE id > %s", [row[1]]).rowcount
+                if stray:
+                    c.execute("VACUUM ANALYZE leasequeue_job")
+                log(f"claim cost: reusing the cached {size:,}-row database {name}"
+                    f"{f' ({stray:,} rows of an earlier run deleted)' if stray else ''}")
+                return name
+        log(f"claim cost: the cached database {name} is out of date; rebuilding it")
+    t0 = time.monotonic()
+    dbs._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    dbs._admin(f'CREATE DATABASE "{name}" TEMPLATE "{cfg.template}"')
+    with connect(name) as c:
+        c.execute("SET maintenance_work_mem = '256MB'")
+        c.execute("ALTER TABLE leasequeue_job SET (autovacuum_enabled = false)")  # no vacuum mid-measurement
+        defs = c.execute("SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
+                         "WHERE indrelid = 'leasequeue_job'::regclass AND NOT indisprimary").fetchall()
+        for idx, _ in defs:
+            c.execute(f'DROP INDEX "{idx}"')
+        _seed(c, 1, size)
+        t_ins = time.monotonic() - t0
+        for _, ddl in defs:
+            c.execute(ddl)
+        t_idx = time.monotonic() - t0 - t_ins
+        c.execute("VACUUM (FREEZE, ANALYZE) leasequeue_job")
+        filler_max = c.execute("SELECT max(id) FROM leasequeue_job").fetchone()[0]
+        c.execute("CREATE TABLE lqbench_cache (signature text NOT NULL, filler_max bigint NOT NULL)")
+        c.execute("INSERT INTO lqbench_cache VALUES (%s, %s)", [want, filler_max])
+    log(f"claim cost: built {name} in {time.monotonic() - t0:.0f} s (insert {t_ins:.0f} s, "
+        f"indexes {t_idx:.0f} s, vacuum {time.monotonic() - t0 - t_ins - t_idx:.0f} s); later runs reuse it")
+    return name
+
+
+def drop_big(cfg: Config, dbs: Databases) -> None:
+    with connect("postgres") as c:
+        names = [r[0] for r in c.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                         [cfg.db.replace("_", r"\_") + r"\_big%"]).fetchall()]
+    for name in names:
+        log(f"dropping {name}")
+        dbs._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def measure_claims(cfg: Config, c: psycopg.Connection, size: int, workdir: str) -> dict:
+    """Time ``cfg.claim_reps`` claims of 10 due jobs (each completed, committed) in the current
+    Django database, which holds ``size`` filler rows; EXPLAIN ANALYZE the claim statement."""
     from django.db import transaction
 
     from django_leasequeue import store
 
-    rows: list[dict] = []
-    have = 0
-    due_per_level = cfg.claim_reps * 10 + 500
-    with connect(db) as c:
-        c.execute("ALTER TABLE leasequeue_job SET (autovacuum_enabled = false)")  # no vacuum mid-measurement
-        for size in cfg.claim_sizes:
-            t0 = time.monotonic()
-            step = 1_000_000
-            for start in range(have + 1, size + 1, step):
-                c.execute(SEED, {"start": start, "stop": min(size, start + step - 1)})
-            seed_s = time.monotonic() - t0
-            have = size
-            t0 = time.monotonic()
-            c.execute("VACUUM ANALYZE leasequeue_job")
-            vacuum_s = time.monotonic() - t0
-            _bulk_enqueue(due_per_level)
-            c.execute("ANALYZE leasequeue_job")
-            size_mb = c.execute("SELECT pg_total_relation_size('leasequeue_job') / 1048576.0").fetchone()[0]
-            log(f"claim cost: {size:,} filler rows seeded in {seed_s:.1f} s, vacuum {vacuum_s:.1f} s, "
-                f"table+indexes {size_mb:,.0f} MiB")
-            times = []
-            for i in range(cfg.claim_reps + 10):  # 10 warm-up rounds
-                # Timed inside a transaction: the statement, not the commit's WAL flush (which
-                # does not depend on the table size and, on a busy disk, would drown it).
-                with transaction.atomic():
-                    t0 = time.perf_counter()
-                    jobs = store.job_claim(queues=["default"], limit=10, worker_id="bench", lease=30)
-                    if i >= 10:
-                        times.append((time.perf_counter() - t0) * 1000.0)
-                    assert len(jobs) == 10, len(jobs)
-                    store.job_complete([(j.id, j.lease_version, None) for j in jobs])
-            plans = [_plan(store.JOB_CLAIM, {"now": None, "limit": 10, "worker": "bench", "lease": 30.0,
-                                             "queues": ["default"]}) for _ in range(5)]
-            plan, exec_ms = plans[-1][0], statistics.median(p[1] for p in plans)
-            with open(os.path.join(workdir, f"claim-plan-{size}.txt"), "w") as f:
-                f.write(plan)
-            row = {"rows": size, "claim_ms_p50": percentile(times, 50), "claim_ms_p95": percentile(times, 95),
-                   "explain_exec_ms": exec_ms, "uses_ready_index": "leasequeue_job_ready" in plan,
-                   "seed_s": seed_s, "table_mib": float(size_mb), "plan": plan}
-            rows.append(row)
-            log(f"claim cost @ {size:,}: p50 {row['claim_ms_p50']:.2f} ms, p95 {row['claim_ms_p95']:.2f} ms, "
-                f"EXPLAIN {exec_ms:.2f} ms, ready index used: {row['uses_ready_index']}")
-        # The retention pruner on the largest table. The seeded finished rows finished 1 to ~17.6
-        # hours ago, evenly: a retention of 17 hours makes ~3.5 % of them due for deletion, the
-        # pruner's usual situation (most finished rows are younger than the retention).
-        retention = 17 * 3600.0
-        plan, exec_ms = _plan(store.JOB_PRUNE, {"now": None, "age": retention, "limit": 1000})
-        prune_times, deleted = [], 0
+    _bulk_enqueue(cfg.claim_reps * 10 + 500)
+    c.execute("ANALYZE leasequeue_job")
+    size_mb = c.execute("SELECT pg_total_relation_size('leasequeue_job') / 1048576.0").fetchone()[0]
+    times = []
+    for i in range(cfg.claim_reps + 10):  # 10 warm-up rounds
+        # Timed inside a transaction: the statement, not the commit's WAL flush (which does not
+        # depend on the table size and, on a busy disk, would drown it).
+        with transaction.atomic():
+            t0 = time.perf_counter()
+            jobs = store.job_claim(queues=["default"], limit=10, worker_id="bench", lease=30)
+            if i >= 10:
+                times.append((time.perf_counter() - t0) * 1000.0)
+            assert len(jobs) == 10, len(jobs)
+            store.job_complete([(j.id, j.lease_version, None) for j in jobs])
+    plans = [_plan(store.JOB_CLAIM, {"now": None, "limit": 10, "worker": "bench", "lease": 30.0,
+                                     "queues": ["default"], "claim": "bench"}) for _ in range(5)]
+    plan, exec_ms = plans[-1][0], statistics.median(p[1] for p in plans)
+    with open(os.path.join(workdir, f"claim-plan-{size}.txt"), "w") as f:
+        f.write(plan)
+    row = {"rows": size, "claim_ms_p50": percentile(times, 50), "claim_ms_p95": percentile(times, 95),
+           "explain_exec_ms": exec_ms, "uses_ready_index": "leasequeue_job_ready" in plan,
+           "table_mib": float(size_mb), "plan": plan}
+    log(f"claim cost @ {size:,} ({size_mb:,.0f} MiB): p50 {row['claim_ms_p50']:.2f} ms, "
+        f"p95 {row['claim_ms_p95']:.2f} ms, EXPLAIN {exec_ms:.2f} ms, ready index used: {row['uses_ready_index']}")
+    return row
+
+
+def measure_prune(c: psycopg.Connection, size: int, workdir: str) -> dict:
+    """The retention pruner on a table of ``size`` seeded rows, in a rolled-back transaction (the
+    cached database stays as it is): 5 batches of 1,000."""
+    from django.db import transaction
+
+    from django_leasequeue import store
+
+    # The seeded finished rows finished 1 to ~17.6 hours ago, evenly: a retention of 17 hours makes
+    # ~3.5 % of them due for deletion, the pruner's usual situation (most finished rows are younger).
+    retention = 17 * 3600.0
+    plan, exec_ms = _plan(store.JOB_PRUNE, {"now": None, "age": retention, "limit": 1000})
+    prune_times, deleted = [], 0
+    with transaction.atomic():
         for _ in range(5):
             t0 = time.perf_counter()
             n = store.job_prune(older_than=retention, limit=1000)
             prune_times.append((time.perf_counter() - t0) * 1000.0)
             deleted += n
-        with open(os.path.join(workdir, "prune-plan.txt"), "w") as f:
-            f.write(plan)
-        rows.append({"prune_rows": have, "prune_batch_ms_p50": percentile(prune_times, 50), "prune_deleted": deleted,
-                     "prune_explain_ms": exec_ms, "prune_uses_finished_index": "leasequeue_job_finished" in plan,
-                     "plan": plan})
-        log(f"prune @ {have:,}: {percentile(prune_times, 50):.1f} ms per batch ({deleted} rows in 5 batches), "
-            f"finished index used: {'leasequeue_job_finished' in plan}")
+        transaction.set_rollback(True)
+    with open(os.path.join(workdir, "prune-plan.txt"), "w") as f:
+        f.write(plan)
+    log(f"prune @ {size:,}: {percentile(prune_times, 50):.1f} ms per batch ({deleted} rows in 5 batches), "
+        f"finished index used: {'leasequeue_job_finished' in plan}")
+    return {"prune_rows": size, "prune_batch_ms_p50": percentile(prune_times, 50), "prune_deleted": deleted,
+            "prune_explain_ms": exec_ms, "prune_uses_finished_index": "leasequeue_job_finished" in plan,
+            "plan": plan}
+
+
+def bench_claim_cost(cfg: Config, dbs: Databases, workdir: str) -> list[dict]:
+    """Claim cost against tables of finished (90 %) and future (10 %) rows: the small sizes grow
+    one fresh database; each size from ``BIG`` up is its own cached database (:func:`ensure_big`)."""
+    rows: list[dict] = []
+    small = [s for s in cfg.claim_sizes if s < BIG]
+    big = [s for s in cfg.claim_sizes if s >= BIG]
+    if small:
+        db = dbs.fresh()
+        with connect(db) as c:
+            c.execute("ALTER TABLE leasequeue_job SET (autovacuum_enabled = false)")
+            have = 0
+            for size in small:
+                t0 = time.monotonic()
+                for start in range(have + 1, size + 1, 1_000_000):
+                    _seed(c, start, min(size, start + 999_999))
+                have = size
+                c.execute("VACUUM ANALYZE leasequeue_job")
+                log(f"claim cost: {size:,} filler rows seeded and vacuumed in {time.monotonic() - t0:.1f} s")
+                rows.append(measure_claims(cfg, c, size, workdir))
+            if not big:
+                rows.append(measure_prune(c, size, workdir))
+    for size in big:
+        dbs.setup_django()
+        name = ensure_big(cfg, dbs, size)
+        dbs.use(name)
+        try:
+            with connect(name) as c:
+                rows.append(measure_claims(cfg, c, size, workdir))
+                if size == big[-1]:
+                    rows.append(measure_prune(c, size, workdir))
+                filler_max = c.execute("SELECT filler_max FROM lqbench_cache").fetchone()[0]
+                c.execute("DELETE FROM leasequeue_job WHERE id > %s", [filler_max])  # leave the cache as built
+                c.execute("VACUUM ANALYZE leasequeue_job")
+        finally:
+            dbs.use(cfg.db)
     return rows
 
 
@@ -733,7 +866,8 @@ def report(cfg: Config, results: dict) -> str:
       f"[min-max]; {cfg.jobs:,} jobs per drain)")
     w("")
     w(f"Host: {os.cpu_count()} CPUs; load average at start {results['load_start']}, at end {results.get('load_end')}; "
-      f"PostgreSQL {results.get('server_version', '?')}, synchronous_commit={results.get('sync_commit', '?')}.")
+      f"PostgreSQL {results.get('server_version', '?')}, synchronous_commit={results.get('sync_commit', '?')}; "
+      f"run took {results.get('duration_s', 0) / 60:.1f} min ({results.get('started', '?')}).")
     w("")
     w("| row | result | target |")
     w("|---|---|---|")
@@ -828,6 +962,26 @@ def report(cfg: Config, results: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+DOCS = os.path.join(REPO, "docs", "performance.md")
+DOCS_START, DOCS_END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+
+
+def write_docs(text: str) -> None:
+    """Replace the measured table in docs/performance.md (between its bench-results markers), its
+    headings demoted to fit under the page's own."""
+    with open(DOCS) as f:
+        page = f.read()
+    if DOCS_START not in page or DOCS_END not in page:
+        raise SystemExit(f"{DOCS} has no {DOCS_START} ... {DOCS_END} markers")
+    body = "\n".join("###" + line[1:] if line.startswith("# ") else "####" + line[2:] if line.startswith("## ")
+                     else line for line in text.splitlines())
+    head, rest = page.split(DOCS_START, 1)
+    tail = rest.split(DOCS_END, 1)[1]
+    with open(DOCS, "w") as f:
+        f.write(f"{head}{DOCS_START}\n{body}\n{DOCS_END}{tail}")
+    log(f"table written into {DOCS}")
+
+
 def _terminate(signum, frame):  # run the finally blocks (stop workers) on SIGTERM/SIGHUP
     raise SystemExit(128 + signum)
 
@@ -836,9 +990,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     cfg = parse_args(argv)
+    t_start = time.monotonic()
+    if cfg.drop_cache:
+        drop_big(cfg, Databases(cfg))
+        return 0
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="leasequeue-bench-")
-    results: dict = {"load_start": load_average()}
+    results: dict = {"load_start": load_average(), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with connect("postgres") as c:
         results["server_version"] = c.execute("SHOW server_version").fetchone()[0]
         results["sync_commit"] = c.execute("SHOW synchronous_commit").fetchone()[0]
@@ -871,8 +1029,15 @@ def main(argv: list[str] | None = None) -> int:
     if "peers" in cfg.sections:
         results["peers"] = run_peers(cfg, workdir)
     results["load_end"] = load_average()
+    results["duration_s"] = time.monotonic() - t_start
     text = report(cfg, results)
     print(text, flush=True)
+    table_path = os.path.splitext(cfg.out)[0] + ".md"
+    with open(table_path, "w") as f:
+        f.write(text + "\n")
+    log(f"table written to {table_path}")
+    if cfg.write_docs:
+        write_docs(text)
     serialisable = {**results}
     if "drain" in serialisable:
         serialisable["drain"] = {f"{p}x{t}{'-async' if a else ''}": v for (p, t, a), v in results["drain"].items()}

@@ -813,7 +813,10 @@ def run_peers(cfg: Config, workdir: str) -> list[dict]:
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     common = ["--n", str(cfg.peers_n), "--reps", str(cfg.peers_reps), "--lat-n", str(cfg.peers_lat_n), "--out", raw]
     # Same concurrency as our 2 x 4 row where the peer has the knob (Procrastinate's default is 1).
-    env = {**os.environ, "PEERS_PROCRASTINATE_CONCURRENCY": os.environ.get("PEERS_PROCRASTINATE_CONCURRENCY", "4")}
+    # Without this benchmark's own variables (set when its in-process Django started): a peer that
+    # looks for DJANGO_SETTINGS_MODULE (Chancy's job processes do) would load lqbench.settings.
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE" and not k.startswith("LQBENCH_")}
+    env["PEERS_PROCRASTINATE_CONCURRENCY"] = os.environ.get("PEERS_PROCRASTINATE_CONCURRENCY", "4")
     results = []
     runs = [("leasequeue", [sys.executable, os.path.join(BENCH, "peer_adapter", "run_harness.py"), harness,
                             "leasequeue", *common])]

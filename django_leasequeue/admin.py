@@ -305,40 +305,56 @@ def known_queues() -> list[str]:
     return sorted(names)
 
 
-class QueueFilter(admin.SimpleListFilter):
+class _NameFilter(admin.SimpleListFilter):
+    """Filter on one name column (``field``) with choices computed without scanning the job table,
+    plus the current value, so a filter on a name that is not (or no longer) known still shows."""
+
+    field = ""
+
+    def names(self) -> list[str]:
+        """The known names, sorted."""
+        raise NotImplementedError
+
+    def label(self, name: str, names: list[str]) -> str:
+        """How a name is shown in the filter."""
+        return name
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        names = self.names()
+        value = self.value()
+        if value and value not in names:
+            names.append(value)
+        return [(n, self.label(n, names)) for n in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class QueueFilter(_NameFilter):
     """Filter by queue; the choices come from settings, queue rows and tasks, not from the job table
     (a ``SELECT DISTINCT queue`` would read every row of a large table on each page load)."""
 
     title = "queue"
-    parameter_name = "queue"
+    parameter_name = field = "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        names = known_queues()
-        value = self.value()
-        if value and value not in names:
-            names.append(value)
-        return [(n, n) for n in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+    def names(self) -> list[str]:
+        return known_queues()
 
 
-class TaskFilter(admin.SimpleListFilter):
-    """Filter by task; the choices are the registered tasks (plus the current value)."""
+class TaskFilter(_NameFilter):
+    """Filter by task; the choices are the registered tasks, shown by their function name unless
+    two tasks share it (then by the full name)."""
 
     title = "task"
-    parameter_name = "task"
+    parameter_name = field = "task"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+    def names(self) -> list[str]:
         registry.autodiscover()
-        names = sorted(registry.registered_tasks())
-        value = self.value()
-        if value and value not in names:
-            names.append(value)
-        return [(n, n.rsplit(".", 1)[-1] if names.count(n) == 1 else n) for n in names]
+        return sorted(registry.registered_tasks())
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(task=self.value()) if self.value() else queryset
+    def label(self, name: str, names: list[str]) -> str:
+        short = name.rsplit(".", 1)[-1]
+        return short if [n.rsplit(".", 1)[-1] for n in names].count(short) == 1 else name
 
 
 class HasErrorsFilter(admin.SimpleListFilter):

@@ -25,9 +25,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
-@checks.register(checks.Tags.database)
+@checks.register()
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Report a non-PostgreSQL database for the job table as ``leasequeue.E002``."""
+    """Report a non-PostgreSQL database for the job table as ``leasequeue.E002``.
+
+    Registered without the ``database`` tag: the vendor is known from settings without connecting,
+    so plain ``manage.py check`` (and ``runserver``) reports it, not only ``migrate``."""
     from django.db import connections, router
 
     from .models import Job
@@ -198,6 +201,10 @@ def require_migrated() -> None:
     from .store import db_alias
 
     alias = db_alias()
+    vendor = connections[alias].vendor
+    if vendor != "postgresql":
+        raise CommandError(f"django-leasequeue needs PostgreSQL; database {alias!r} is {vendor!r} "
+                           "(set DATABASES[...]['ENGINE'] to 'django.db.backends.postgresql')")
     pending = pending_migrations(connections[alias])
     if pending is None:
         raise CommandError(f"cannot read the migration state of database {alias!r}: is PostgreSQL reachable?")

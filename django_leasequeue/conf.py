@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
@@ -130,6 +131,16 @@ def parse_rate(value: Any, where: str = "rate_limit") -> RateLimit:
     return RateLimit(limit=int(match.group(1)), per=_RATE_UNITS[match.group(2)])
 
 
+def _did_you_mean(key: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for an unknown key: the closest spelling, else a known key the
+    unknown one starts or ends with (``LEASE_SECONDS`` -> ``LEASE``); empty when nothing fits."""
+    options = sorted(choices)
+    close = difflib.get_close_matches(key, options, n=1)
+    if not close:
+        close = sorted((k for k in options if key.startswith(k + "_") or key.endswith("_" + k)), key=len)[-1:]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
     """Validate per-queue options (did-you-mean on unknown keys); return the rate limits by queue."""
     rates: dict[str, RateLimit] = {}
@@ -138,8 +149,7 @@ def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
         if unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(key, QUEUE_OPTIONS, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                hints.append(f"{key!r}{_did_you_mean(key, QUEUE_OPTIONS)}")
             raise ConfigurationError(f"Unknown option(s) for LEASEQUEUE['QUEUES'][{name!r}]: " + ", ".join(hints))
         if options.get("rate_limit") is not None:
             rates[name] = parse_rate(options["rate_limit"], f"LEASEQUEUE['QUEUES'][{name!r}]['rate_limit']")
@@ -196,8 +206,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
     if unknown:
         hints = []
         for key in unknown:
-            close = difflib.get_close_matches(key, DEFAULTS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            hints.append(f"{key!r}{_did_you_mean(key, DEFAULTS)}")
         raise ConfigurationError("Unknown LEASEQUEUE setting(s): " + ", ".join(hints))
     merged = {**DEFAULTS, **raw}
     for key in _DURATIONS:

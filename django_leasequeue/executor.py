@@ -211,7 +211,7 @@ class Executor:
         elif status == "dead":
             signals.emit("dead_lettered", error=error["type"], message=error["message"], **fields)
         else:
-            signals.emit("retried", error=error["type"], run_at=run_at, **fields)
+            signals.emit("retried", error=error["type"], message=error["message"], run_at=run_at, **fields)
         return status
 
     def _snooze(self, job: store.ClaimedJob, ctx: JobContext, seconds: float, fields: dict[str, Any]) -> str:

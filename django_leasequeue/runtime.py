@@ -60,6 +60,9 @@ class Service:
 
     name = "service"
     stagger = 0.0
+    # True for a service that produces new work (the scheduler): on a graceful stop it is stopped
+    # at once, so it emits nothing more while the worker finishes its running jobs.
+    stops_first = False
 
     @property
     def error_backoff_max(self) -> float:
@@ -185,9 +188,12 @@ def run_services(services: Sequence[Service], *, install_signals: bool = True,
         if all(s._thread is not None and not s._thread.is_alive() for s in services):
             break  # every service ended by itself (e.g. a burst worker)
         stop_event.wait(0.1)
-    # Stop one at a time, in the order given: the worker comes first and its graceful stop (finish
-    # running jobs within the grace period, then release the rest) needs the heartbeat service,
-    # which comes after it, to keep renewing leases meanwhile.
+    # Services that produce work stop at once. The rest stop one at a time, in the order given: the
+    # worker comes first and its graceful stop (finish running jobs within the grace period, then
+    # release the rest) needs the heartbeat service, which comes after it, to keep renewing leases.
+    for service in services:
+        if service.stops_first:
+            service.stop()
     for service in services:
         service.stop()
         service.join()

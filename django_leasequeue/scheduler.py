@@ -277,6 +277,7 @@ class SchedulerService(Service):
             invalid: checked here, so a bad setting stops the process before it starts.
     """
 
+    stops_first = True
     name = "scheduler"
 
     def __init__(self, *, interval: float | None = None, sync: bool = True, process_id: str | None = None,
@@ -418,9 +419,9 @@ class SchedulerService(Service):
                              schedule=row.name, occurrence_at=occurrence.isoformat())
             if plan.skipped:
                 result.skipped += plan.skipped
-                logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r, limit %s)", row.name,
+                logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r%s)", row.name,
                             plan.skipped, "+" if plan.skipped_is_lower_bound else "", row.catch_up,
-                            row.catch_up_limit)
+                            f", limit {row.catch_up_limit}" if row.catch_up == "all" else "")
             advances.append(store.ScheduleAdvance(schedule_id=row.id, last=plan.emit[-1] if plan.emit else None,
                                                   next_at=plan.next_at, skipped=plan.skipped, cron=row.cron,
                                                   timezone=row.timezone))

@@ -56,6 +56,25 @@ def enabled(event: str) -> bool:
     return bool(SIGNALS[event].receivers) or logger.isEnabledFor(_LEVELS.get(event, logging.DEBUG))
 
 
+def _describe(event: str, fields: dict[str, Any]) -> str:
+    """The log line of an event: an operator reading plain logs sees which task failed and why,
+    not only the job id (the structured fields stay on the record for JSON formatters)."""
+    text = f"job {fields.get('job_id')} {event}"
+    if fields.get("task"):
+        text += f" ({fields['task']}, attempt {fields.get('attempt')})"
+    if fields.get("error"):
+        text += f": {fields['error']}"
+    if fields.get("message"):
+        message = str(fields["message"])
+        text += f": {message[:300]}{'...' if len(message) > 300 else ''}"
+    run_at = fields.get("run_at")
+    if event == "retried" and run_at:
+        text += f"; next attempt at {run_at.isoformat(timespec='seconds') if hasattr(run_at, 'isoformat') else run_at}"
+    if fields.get("reason"):
+        text += f" ({fields['reason']})"
+    return text.replace("%", "%%")
+
+
 def emit(event: str, **fields: Any) -> None:
     """Send the signal for ``event`` and write its structured log record. Never raises.
 
@@ -68,7 +87,7 @@ def emit(event: str, **fields: Any) -> None:
     try:
         if logger.isEnabledFor(level):
             extra = {("job_" + k if k in _RESERVED else k): v for k, v in fields.items()}
-            logger.log(level, "job %s %s", fields.get("job_id"), event, extra={"event": event, **extra})
+            logger.log(level, _describe(event, fields), extra={"event": event, **extra})
         signal = SIGNALS[event]
         if signal.receivers:
             signal.send_robust(sender=None, event=event, **fields)

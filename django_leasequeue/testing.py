@@ -491,9 +491,9 @@ def assert_enqueued(task: Any = None, *, args: Sequence[Any] | None = None, kwar
     jobs = enqueued_jobs(task, args=args, kwargs=kwargs, queue=queue, status=status)
     ok = len(jobs) == count if count is not None else bool(jobs)
     if not ok:
-        wanted = f"exactly {count}" if count is not None else "at least one"
+        wanted = f"exactly {count} job(s)" if count is not None else "at least one job"
         raise AssertionError(
-            f"expected {wanted} job(s) of {_describe(task, args, kwargs, queue, status)}, found {len(jobs)}.\n"
+            f"expected {wanted} of {_describe(task, args, kwargs, queue, status)}, found {len(jobs)}.\n"
             f"Jobs of {_task_name(task) if task is not None else 'any task'}:\n{_listing(task)}"
         )
     return jobs

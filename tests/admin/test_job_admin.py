@@ -401,3 +401,11 @@ def test_bulk_actions_hidden_without_permission(viewer_client):
     make_job("dead")
     html = viewer_client.get(JOBS).content.decode()
     assert "replay_selected" not in html and "cancel_selected" not in html
+
+
+def test_task_filter_shows_full_names_when_two_tasks_share_a_function_name():
+    from django_leasequeue.admin import TaskFilter
+
+    task_filter = object.__new__(TaskFilter)  # label() needs no request
+    names = ["billing.tasks.sync", "crm.tasks.sync", "crm.tasks.export"]
+    assert [task_filter.label(n, names) for n in names] == ["billing.tasks.sync", "crm.tasks.sync", "export"]

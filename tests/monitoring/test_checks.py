@@ -51,6 +51,7 @@ def test_unreachable_database_reports_nothing_instead_of_crashing():
     ({"PROCESS_ALIVE_WITHIN": 5}, "PROCESS_ALIVE_WITHIN"),
     ({"PROCESS_ALIVE_WITHIN": 60, "PROCESS_PRUNE_AFTER": 30}, "PROCESS_PRUNE_AFTER"),
     ({"METRICS_TOKN": "x"}, "did you mean 'METRICS_TOKEN'"),
+    ({"LEASE_SECONDS": 30}, "'LEASE_SECONDS' (did you mean 'LEASE'?)"),  # the example in reference/settings.md
 ])
 def test_invalid_settings_are_errors(raw, fragment):
     with override_settings(LEASEQUEUE=raw):
@@ -86,3 +87,17 @@ def test_checks_are_registered_with_django():
     database_tagged = {c.__name__ for c in django_checks.registry.registry.get_checks()
                        if "database" in getattr(c, "tags", ())}
     assert {"check_migrations", "check_schedules"} <= database_tagged
+
+
+def test_a_database_other_than_postgresql_is_reported_by_plain_check_and_by_the_commands(monkeypatch):
+    # A newcomer on SQLite: `manage.py check` says so (no --database needed), and runworker says
+    # PostgreSQL is needed rather than "run migrate" (which would fail with the same E002).
+    from django.core.management.base import CommandError
+
+    from django_leasequeue.checks import require_migrated
+
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    (error,) = checks.check_database()
+    assert error.id == "leasequeue.E002" and "'sqlite'" in error.msg
+    with pytest.raises(CommandError, match="needs PostgreSQL; database 'default' is 'sqlite'"):
+        require_migrated()

@@ -121,7 +121,11 @@ def test_structured_log_records_carry_the_fields(caplog, db_clock):
         ("dead_lettered", "WARNING", 2, 2),
     ]
     assert all((r.task, r.queue) == (poison.name, "default") for r in records)
-    assert records[-1].getMessage() == f"job {job.id} dead_lettered"
+    # The plain log line says which task died and why, not only the job id.
+    assert records[-1].getMessage() == (f"job {job.id} dead_lettered ({poison.name}, attempt 2): builtins.ValueError: "
+                                        "malformed payload: missing 'customer' in []")
+    assert records[2].getMessage().startswith(f"job {job.id} retried ({poison.name}, attempt 1): builtins.ValueError: ")
+    assert "; next attempt at " in records[2].getMessage()
 
 
 def test_signals_module_lists_every_event_named_in_the_issue():

@@ -32,7 +32,7 @@ def test_failure_messages_list_the_jobs_that_exist(accounts):
     with pytest.raises(AssertionError) as missing:
         assert_enqueued(send_invoice, args=[accounts[0].pk, "2026-12"])
     message = str(missing.value)
-    assert "expected at least one job(s) of invoices.tasks.send_invoice args=" in message
+    assert "expected at least one job of invoices.tasks.send_invoice args=" in message
     assert f"args=[{accounts[0].pk}, '2026-11'] kwargs={{}}" in message and "ready" in message
 
     with pytest.raises(AssertionError, match="exactly 2 job"):

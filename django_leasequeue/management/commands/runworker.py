@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -67,10 +68,24 @@ class Command(BaseCommand):
         self.stdout.write(
             f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
             f"{worker.concurrency} thread(s), lease {worker.lease:g} s"
-            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully. "
-            "Events are logged on the 'django_leasequeue' loggers (configure LOGGING to see them)."
+            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully."
         )
+        self.stdout.write(_tasks_line())
+        if not logging.getLogger("django_leasequeue.events").hasHandlers():
+            self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
+                              "for them, so configure LOGGING to see retries and dead letters.")
         self.stdout.flush()
         code = run_services(services)
         if code:
             raise SystemExit(code)
+
+
+def _tasks_line(shown: int = 12) -> str:
+    """The registered task names, so a newcomer sees at start whether the worker found theirs (a job
+    naming an unregistered task is dead-lettered as UnknownTask, never imported)."""
+    from django_leasequeue.registry import registered_tasks
+
+    names = sorted(registered_tasks())
+    listed = ", ".join(names[:shown]) + (f", ... ({len(names) - shown} more)" if len(names) > shown else "")
+    return (f"{len(names)} task(s) registered: {listed or 'none'} (tasks modules of installed apps and "
+            "LEASEQUEUE['IMPORTS'])")

@@ -5,7 +5,8 @@ Usage (from the repository root; ``scripts/bench`` wraps it)::
     python bench/run.py                 # full run: every row, median of 3, then the peer queues
     python bench/run.py --quick         # smoke test: fewer jobs, 1 repetition, small peer run
     python bench/run.py --only drain,latency --skip-peers
-    python bench/run.py --claim-sizes 10000,1000000,10000000   # include the 10M-row claim test
+    python bench/run.py --write-docs    # also put the table into docs/performance.md
+    python bench/run.py --drop-cache    # drop the cached 10M-row database and exit
 
 Rows (each the median of ``--reps`` runs, on a fresh database copied from a migrated template):
 
@@ -17,12 +18,15 @@ Rows (each the median of ``--reps`` runs, on a fresh database copied from a migr
   a paused queue; the queue is unpaused (with a NOTIFY) once every worker is registered, so start-up
   is excluded and processes start together.
 * latency: enqueue-to-start p50/p99 of a trickle of jobs into one idle worker, with LISTEN/NOTIFY and
-  with ``runworker --no-notify`` (polling, default 1 s interval).
+  with ``runworker --no-notify`` (polling, default 1 s interval; the trickle does not wait for the
+  starts, its random 20-220 ms pauses give a uniform phase against the polling cycle).
 * HOT: share of heartbeat updates that were HOT (``pg_stat_user_tables``), in a window where only
   heartbeats run: 16 long jobs, lease 1.5 s (a renewal every 0.5 s).
 * claim cost: time of one claim statement (10 jobs) with 10k / 1M / 10M finished or future rows
   in the table, plus EXPLAIN showing the partial index ``leasequeue_job_ready``; the retention
-  pruner's batch delete on the largest table.
+  pruner's batch delete on the largest table (rolled back). The 10M table lives in a cached
+  database (``<db>_big10000000``) built once with one ``INSERT ... SELECT generate_series`` and
+  reused by later runs until the schema changes.
 * memory: peak RSS (``VmHWM``) of the 1 x 16 drain worker.
 
 Then the peer queues of ``<repo>/../shared/bench/peers`` (their own virtualenv, created by that
@@ -32,7 +36,9 @@ same harness (``bench/peer_adapter``), with the same job count, and the ratios o
 Environment: ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``; ``LQBENCH_DB`` (database name,
 default ``leasequeue_bench``; the runner also uses ``<name>_tpl``; the peers harness uses
 ``bench_<system>``); ``PEERS_VENV``; ``PEERS_DIR`` (default ``<repo>/../shared/bench/peers``).
-Progress goes to stderr, the table to stdout, raw results to ``--out`` (JSON).
+Progress goes to stderr, the table to stdout and ``build/bench/results.md``, raw results to
+``--out`` (default ``build/bench/results.json``). Peers that drain below ~150 jobs/s (``SLOW_PEERS``)
+run 2,000 jobs instead of ``--jobs`` so that the full run takes about 35 minutes.
 """
 
 from __future__ import annotations

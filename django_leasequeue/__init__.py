@@ -25,6 +25,7 @@ _EXPORTS = {
     "ConfigurationError": "exceptions",
     "EnqueueError": "exceptions",
     "PayloadNotSerializable": "exceptions",
+    "ArgumentsMismatch": "exceptions",
     "PayloadTooLarge": "exceptions",
     "UnknownTask": "exceptions",
     "LeaseLost": "exceptions",
@@ -37,6 +38,7 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     # "X as X": explicit re-exports for type checkers (__all__ above is computed).
     from .context import JobContext as JobContext
+    from .exceptions import ArgumentsMismatch as ArgumentsMismatch
     from .exceptions import ConfigurationError as ConfigurationError
     from .exceptions import EnqueueError as EnqueueError
     from .exceptions import JobCancelled as JobCancelled

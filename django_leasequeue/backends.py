@@ -57,6 +57,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import difflib
+import inspect
 import logging
 import threading
 from collections import OrderedDict
@@ -384,7 +385,7 @@ def _resolve(name: str) -> registry.Task[..., Any] | None:
     return _spec_for(task, _backend_of(task))
 
 
-registry.add_resolver(_resolve)
+registry.add_resolver(_resolve, names=lambda: list(_TASKS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,6 +487,16 @@ class _Runner:
 
     def __repr__(self) -> str:
         return f"<framework task {self.task.module_path}>"
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The framework task's parameters behind the JobContext this runner receives, so that
+        enqueue names a bad argument and refuses arguments that do not bind, as for native tasks."""
+        signature = inspect.signature(self.task.func)
+        if self.task.takes_context:  # its own first parameter receives the framework's context
+            return signature
+        context = inspect.Parameter("__leasequeue_job", inspect.Parameter.POSITIONAL_ONLY)
+        return signature.replace(parameters=[context, *signature.parameters.values()])
 
     def __call__(self, job: JobContext, *args: Any, **kwargs: Any) -> Any:
         task = self.task

@@ -139,9 +139,10 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
         try:
             registry.get_task(task_name)
         except UnknownTask:
+            hint = registry.did_you_mean(task_name)
             messages.append(checks.Warning(
                 f"schedule {name!r} runs task {task_name!r}, which is not registered: every occurrence "
-                "will be dead-lettered",
+                "will be dead-lettered" + (f" ({hint})" if hint else ""),
                 hint="Register the task with @task (in an installed app's tasks.py or jobs.py, or a module "
                      "listed in LEASEQUEUE['IMPORTS']), or disable the schedule.",
                 obj=name, id="leasequeue.W102",

@@ -17,6 +17,29 @@ from typing import Any
 
 from .exceptions import ConfigurationError
 
+#: The longest lease, in seconds (7 days): for ``LEASE``, ``runworker --lease``, ``@task(lease=...)``
+#: and ``using(lease=...)``. Longer leases are no longer leases (a dead worker's job would wait a week
+#: or more), and values past this bound overflow PostgreSQL's interval arithmetic.
+MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+#: The most claims a job may get (``MAX_ATTEMPTS``, ``@task(max_attempts=...)``, ``enqueue(max_attempts=...)``).
+MAX_ATTEMPTS_LIMIT = 1_000_000
+
+
+def check_lease_seconds(value: Any, what: str) -> str | None:
+    """Return why ``value`` is not a lease length (finite seconds in (0, 7 days]), or None if it is.
+
+    Args:
+        value: the candidate, in seconds.
+        what: how to name it in the message (e.g. ``"LEASEQUEUE['LEASE']"``).
+    """
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_LEASE_SECONDS:
+        return f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}] (7 days at most), got {value!r}"
+    return None
+
+
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim holds a job before another worker may take it; renewed by heartbeats.
     "LEASE": 30.0,
@@ -212,8 +235,9 @@ def build(raw: dict[str, Any] | None) -> Settings:
     for key in _DURATIONS:
         merged[key] = to_seconds(merged[key], key)
     lease = merged["LEASE"]
-    if lease is None or lease <= 0:
-        raise ConfigurationError(f"LEASEQUEUE['LEASE'] must be > 0 seconds, got {lease!r}")
+    problem = check_lease_seconds(lease, "LEASEQUEUE['LEASE']")
+    if problem:
+        raise ConfigurationError(problem)
     heartbeat = merged["HEARTBEAT_INTERVAL"] if merged["HEARTBEAT_INTERVAL"] is not None else lease / 3
     if not 0 < heartbeat < lease:
         raise ConfigurationError(
@@ -234,8 +258,10 @@ def build(raw: dict[str, Any] | None) -> Settings:
     if isinstance(prefetch_max, bool) or not isinstance(prefetch_max, int) or prefetch_max < 0:
         raise ConfigurationError(f"LEASEQUEUE['PREFETCH_MAX'] must be an int >= 0, got {prefetch_max!r}")
     max_attempts = merged["MAX_ATTEMPTS"]
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int >= 1, got {max_attempts!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
+            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                                 f"got {max_attempts!r}")
     queues = merged["QUEUES"]
     if queues is not None:
         if isinstance(queues, (list, tuple, set, frozenset)):

@@ -127,16 +127,22 @@ class JobContext:
         if self.completed_in_transaction:
             raise RuntimeError(f"job {self.job_id}: fenced_atomic() already completed this attempt; "
                                "put all the fenced writes in one block")
-        with transaction.atomic(using=self.alias, durable=True):
-            state = store.job_lock_for_commit(self.job_id, self.lease_version, alias=self.alias)
-            if state == "lost":
-                self.mark_lease_lost()
-                raise LeaseLost(f"job {self.job_id}: lease {self.lease_version} was lost before commit")
-            if state == "cancel_requested":
-                self.mark_cancel_requested()
-                raise JobCancelled(f"job {self.job_id} was cancelled; its work was not committed")
-            yield
-            done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
-            if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does
-                raise LeaseLost(f"job {self.job_id}: completion refused inside fenced_atomic")
-        self.completed_in_transaction = True
+        try:
+            with transaction.atomic(using=self.alias, durable=True):
+                state = store.job_lock_for_commit(self.job_id, self.lease_version, alias=self.alias)
+                if state == "lost":
+                    self.mark_lease_lost()
+                    raise LeaseLost(f"job {self.job_id}: lease {self.lease_version} was lost before commit")
+                if state == "cancel_requested":
+                    self.mark_cancel_requested()
+                    raise JobCancelled(f"job {self.job_id} was cancelled; its work was not committed")
+                yield
+                done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
+                if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does
+                    raise LeaseLost(f"job {self.job_id}: completion refused inside fenced_atomic")
+                # Set before the commit, so that a heartbeat renewal that finds the job done right
+                # after it (another thread) knows the job was completed here, not taken over.
+                self.completed_in_transaction = True
+        except BaseException:
+            self.completed_in_transaction = False  # nothing was committed
+            raise

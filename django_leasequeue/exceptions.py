@@ -23,6 +23,12 @@ class PayloadNotSerializable(EnqueueError, TypeError):
     """An argument does not round-trip through JSON unchanged. The message names the argument."""
 
 
+class ArgumentsMismatch(EnqueueError, TypeError):
+    """The arguments given at enqueue do not fit the handler's signature (a missing or unexpected
+    argument): the job would fail with a TypeError on every attempt. The message names the task and
+    its signature. Nothing is written."""
+
+
 class PayloadTooLarge(EnqueueError):
     """The JSON-encoded arguments exceed ``LEASEQUEUE["MAX_PAYLOAD_BYTES"]``."""
 

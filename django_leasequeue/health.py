@@ -33,6 +33,7 @@ itself. All times come from the database clock (``leasequeue_now()``) unless an 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -642,6 +643,61 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
         results.append(CheckResult("scheduler_lag", "*", lag, checks.max_scheduler_lag,
                                    checks.max_scheduler_lag.level(lag), message, "s"))
     return results
+
+
+def unknown_queue_checks(snap: Snapshot, queues: Iterable[str], *, alias: str | None = None) -> list[CheckResult]:
+    """A WARNING for each of ``queues`` that the snapshot cannot vouch for: no job in it
+    (none waiting, running, dead, or finished within the snapshot's long window) and nothing names
+    it: not ``LEASEQUEUE["QUEUES"]`` nor ``DEFAULT_QUEUE``, no registered task, no schedule, no
+    pause/rate state and no worker serving it by name. Most likely a typo: the other checks of such
+    a queue would pass on zeros and report OK. A warning, not UNKNOWN: UNKNOWN (3) would outrank and
+    hide a CRITICAL of the same run.
+
+    Args:
+        snap: a :class:`Snapshot` taken with these queues.
+        queues: the queue names asked for (``queuehealth --queue``).
+        alias: database alias of the schedule and queue-state tables; default the job table's.
+
+    Returns:
+        One :class:`CheckResult` (check ``queue``, level WARNING, value None) per unknown queue,
+        naming close known queues.
+    """
+    from . import registry
+    from .models import Schedule
+
+    empty = [name for name in dict.fromkeys(queues) if not _has_jobs(snap.queue(name))]
+    if not empty:
+        return []
+    alias = alias or _alias()
+    settings = get_settings()
+    registry.autodiscover()
+    known = {settings.default_queue, *(settings.queues or ())}
+    known.update(spec.queue for spec in registry.registered_tasks().values() if spec.queue)
+    known.update(QueueState.objects.using(alias).values_list("name", flat=True))
+    known.update(q for q in Schedule.objects.using(alias).values_list("queue", flat=True).distinct() if q)
+    known.update(q for w in snap.workers for q in w.queues if q != "*")
+    known.update(q.queue for q in snap.queues if _has_jobs(q))
+    # The queues that hold jobs, for the suggestion (the snapshot may cover only the asked ones):
+    # one more snapshot statement, only on this rare path.
+    everywhere = snapshot(window_short=snap.window_short, window_long=snap.window_long, alias=alias)
+    known.update(q.queue for q in everywhere.queues if _has_jobs(q))
+    results = []
+    for name in empty:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        results.append(CheckResult(
+            "queue", name, None, Threshold(), Level.WARNING,
+            f"queue {name!r} is unknown: no job in it (waiting, running, dead or finished in the last "
+            f"{_fmt(snap.window_long)} s) and no task, schedule, worker, queue state or LEASEQUEUE['QUEUES'] "
+            f"names it; {hint}known queues: {', '.join(sorted(known)) or 'none'}"))
+    return results
+
+
+def _has_jobs(stats: QueueStats) -> bool:
+    return bool(stats.ready_due or stats.scheduled or stats.leased or stats.dead or stats.done_recent_long
+                or stats.dead_recent_long or stats.done_recent_short or stats.dead_recent_short)
 
 
 def overall(results: Iterable[CheckResult]) -> Level:

@@ -246,8 +246,10 @@ class Schedule(models.Model):
             try:
                 registry.get_task(self.task)
             except UnknownTask:
+                hint = registry.did_you_mean(self.task)
+                hint = f"; {hint}" if hint else ""
                 yield "task", (f"task {self.task!r} is not registered (no @task of that name in an app's "
-                               "tasks.py / jobs.py or in LEASEQUEUE['IMPORTS'])")
+                               f"tasks.py / jobs.py or in LEASEQUEUE['IMPORTS']){hint}")
         if "args" not in skip:
             if not isinstance(self.args, list):
                 yield "args", f"args must be a JSON list of positional arguments, got {self.args!r}"

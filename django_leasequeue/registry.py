@@ -7,6 +7,8 @@ dead-letters names it does not know. It never imports a dotted path taken from a
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import json
 import math
 import sys
@@ -16,8 +18,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
-from .conf import get_settings
-from .exceptions import ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge, UnknownTask
+from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, get_settings
+from .exceptions import (
+    ArgumentsMismatch,
+    ConfigurationError,
+    EnqueueError,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    UnknownTask,
+)
 from .retry import BackoffLike
 
 if TYPE_CHECKING:
@@ -34,6 +43,7 @@ _REGISTRY: dict[str, Task[..., Any]] = {}
 _LOCK = threading.Lock()
 # Extra resolvers (the Django tasks backend registers one) consulted after the native registry.
 _RESOLVERS: list[Callable[[str], Task[..., Any] | None]] = []
+_NAME_SOURCES: list[Callable[[], Iterable[str]]] = []
 _autodiscovered = False
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
@@ -282,10 +292,32 @@ def _qualified(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def add_resolver(resolver: Callable[[str], Task[..., Any] | None]) -> None:
-    """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend)."""
+def add_resolver(resolver: Callable[[str], Task[..., Any] | None],
+                 names: Callable[[], Iterable[str]] | None = None) -> None:
+    """Add a fallback lookup ``name -> runnable or None`` (used by the Django tasks backend).
+
+    Args:
+        resolver: returns the task registered as the name, or None.
+        names: returns every name ``resolver`` knows (for "did you mean" hints); optional.
+    """
     if resolver not in _RESOLVERS:
         _RESOLVERS.append(resolver)
+        if names is not None:
+            _NAME_SOURCES.append(names)
+
+
+def did_you_mean(name: str) -> str:
+    """``"did you mean 'a' or 'b'?"`` over the known task names close to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, known_task_names(), n=3, cutoff=0.8)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def known_task_names() -> list[str]:
+    """Every task name this process can run: the native registry's and the resolvers' (sorted)."""
+    names = set(_REGISTRY)
+    for source in _NAME_SOURCES:
+        names.update(source())
+    return sorted(names)
 
 
 def get_task(name: str) -> Task[..., Any]:
@@ -301,7 +333,49 @@ def get_task(name: str) -> Task[..., Any]:
         found = resolver(name)
         if found is not None:
             return found
-    raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run)")
+    raise UnknownTask(f"no task is registered as {name!r} (only registered tasks run; a task name read "
+                      f"from a job is never imported). {unknown_task_help(name)}")
+
+
+def unknown_task_help(name: str) -> str:
+    """Explain, for an error message, where this process looked for ``name`` and how to fix it.
+
+    Names the close matches among the registered tasks, the modules this process imported to find
+    tasks (installed apps' ``tasks``/``jobs`` modules and ``LEASEQUEUE["IMPORTS"]``) and the fix.
+
+    Args:
+        name: the task name that was not found.
+
+    Returns:
+        One paragraph of text (no trailing newline).
+    """
+    parts = []
+    known = known_task_names()
+    suggestion = did_you_mean(name)
+    if suggestion:
+        parts.append(suggestion[0].upper() + suggestion[1:])
+    modules = _task_modules()
+    shown = ", ".join(modules[:10]) + (f" and {len(modules) - 10} more" if len(modules) > 10 else "")
+    parts.append(
+        "Tasks are found by importing the 'tasks' and 'jobs' modules of every installed app and the "
+        f"modules listed in LEASEQUEUE['IMPORTS'] (this process imported {shown or 'none'}; "
+        f"{len(known)} task(s) registered). To fix: decorate the function with @task in such a module "
+        "(name= must match the job's task name) or add its module to LEASEQUEUE['IMPORTS'], deploy it to "
+        "the workers, then replay the job."
+    )
+    return " ".join(parts)
+
+
+def _task_modules() -> list[str]:
+    """The modules autodiscovery imports that this process has imported, in order."""
+    from django.apps import apps
+
+    names = [f"{app.name}.{sub}" for app in apps.get_app_configs() for sub in ("tasks", "jobs")]
+    try:
+        names += list(get_settings().imports)
+    except Exception:  # noqa: BLE001 - an invalid setting is reported elsewhere; this is a hint
+        pass
+    return [module for module in dict.fromkeys(names) if module in sys.modules]
 
 
 def registered_tasks() -> dict[str, Task[..., Any]]:
@@ -347,21 +421,21 @@ def _check_text(text: str, path: str) -> None:
         raise PayloadNotSerializable(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
 
 
-# jsonb keeps numbers as numeric, at most 131072 digits before the point.
-MAX_INT_DIGITS = 131072
+# Python refuses to turn text of more than sys.int_info.default_max_str_digits (4300) digits into an
+# int unless a process raises its own limit; json.loads then fails with a bare ValueError. The
+# limit is the default one, not this process's: the worker, the admin and the result readers decode
+# the row in their own processes, with the default limit.
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits or 4300
+_INT_BOUND = 10 ** MAX_INT_DIGITS
 
 
 def _check_int(number: int, path: str) -> None:
-    """Refuse an int that cannot become JSON text: Python will not print one longer than
-    ``sys.get_int_max_str_digits()`` (4300 digits by default; json.dumps would raise a bare
-    ValueError), and PostgreSQL's numeric stops at MAX_INT_DIGITS digits."""
-    try:
-        digits = len(int.__repr__(abs(number)))
-    except ValueError:
-        digits = None
-    if digits is None or digits > MAX_INT_DIGITS:
-        limit = min(sys.get_int_max_str_digits() or MAX_INT_DIGITS, MAX_INT_DIGITS)
-        raise PayloadNotSerializable(f"{path} is an int of more than {limit} digits, which cannot be stored as JSON; "
+    """Refuse an int of more than :data:`MAX_INT_DIGITS` (4300) digits: ``json.dumps`` raises a
+    bare ValueError on it in a process with the default limit, and a process with a raised limit
+    would write JSON that every other process fails to read back."""
+    if abs(number) >= _INT_BOUND:
+        raise PayloadNotSerializable(f"{path} is an int of more than {MAX_INT_DIGITS} digits, which other Python "
+                                     "processes cannot read back from JSON (sys.get_int_max_str_digits); "
                                      "pass it as a str")
 
 
@@ -427,8 +501,74 @@ def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
         )
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int) -> tuple[str, str]:
+# Handler -> its signature as enqueue() receives the arguments (the context parameter left out), or
+# None when it has none Python can tell. Cached: inspect.signature costs more than the checks.
+_SIGNATURES: dict[tuple[Any, bool], inspect.Signature | None] = {}
+
+
+def enqueue_signature(spec: Task[..., Any]) -> inspect.Signature | None:
+    """The parameters a job of ``spec`` is enqueued with: the handler's signature without the
+    :class:`JobContext` parameter of a ``takes_context`` handler. None when the handler has no
+    signature Python can read (some builtins and C callables)."""
+    key = (spec.func, spec.takes_context)
+    try:
+        return _SIGNATURES[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: not cached
+        return _read_signature(spec.func, spec.takes_context)
+    if len(_SIGNATURES) > 10_000:
+        _SIGNATURES.clear()
+    found = _SIGNATURES[key] = _read_signature(spec.func, spec.takes_context)
+    return found
+
+
+def _read_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(func)
+    except Exception:  # noqa: BLE001 - no signature (or annotations that cannot be evaluated)
+        return None
+    params = list(signature.parameters.values())
+    if takes_context:
+        if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return None  # (*args, **kwargs) or the like: the context goes who knows where
+        params = params[1:]
+    return signature.replace(parameters=params)
+
+
+def _positional_names(signature: inspect.Signature | None) -> list[str]:
+    if signature is None:
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind in kinds]
+
+
+def check_arguments_bind(spec: Task[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse arguments the handler of ``spec`` cannot be called with (missing or unexpected ones).
+
+    Raises:
+        ArgumentsMismatch: naming the task, the problem and the handler's signature.
+    """
+    signature = enqueue_signature(spec)
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentsMismatch(f"task {spec.name!r} cannot take these arguments: {exc}; it is enqueued "
+                                f"as {spec.name}{signature}") from None
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int,
+                   names: Sequence[str] = ()) -> tuple[str, str]:
     """Validate and JSON-encode a job's arguments.
+
+    Args:
+        args, kwargs: the arguments.
+        limit: the largest encoded size in bytes (0: no limit).
+        names: the names of the handler's positional parameters, to name a bad positional argument
+            (``argument 'amount'``); a positional argument without a name is ``args[i]`` (from 0).
 
     Returns:
         ``(args_json, kwargs_json)``.
@@ -439,7 +579,7 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
     """
     args = list(args)
     for i, value in enumerate(args):
-        check_json(value, f"argument {i}")
+        check_json(value, f"argument {names[i]!r}" if i < len(names) else f"args[{i}]")
     for key, value in kwargs.items():
         if not isinstance(key, str):
             raise PayloadNotSerializable(f"keyword argument name {key!r} is not a str")
@@ -462,9 +602,7 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
 
 
 MAX_QUEUE_LENGTH = 100  # Job.queue's max_length
-MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DELAY_SECONDS = 100 * 366 * 24 * 3600.0
-MAX_LEASE_SECONDS = 7 * 24 * 3600.0
 
 
 def _check_name(value: Any, what: str, max_length: int) -> None:
@@ -483,11 +621,9 @@ def _check_name(value: Any, what: str, max_length: int) -> None:
 
 def _check_lease(value: Any, what: str, error: type[Exception]) -> None:
     """A lease is None (the worker's default) or finite seconds in (0, 7 days]."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 < value <= MAX_LEASE_SECONDS:
-        raise error(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:.0f}], got {value!r}")
+    problem = check_lease_seconds(value, what) if value is not None else None
+    if problem:
+        raise error(problem)
 
 
 def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
@@ -499,7 +635,8 @@ def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
             autodiscover()
             spec = _REGISTRY.get(task_or_name)
         if spec is None:
-            raise UnknownTask(f"cannot enqueue {task_or_name!r}: no task is registered under that name")
+            raise UnknownTask(f"cannot enqueue {task_or_name!r}: no task is registered under that name. "
+                              f"{unknown_task_help(task_or_name)}")
         return spec
     raise TypeError(f"enqueue() needs a Task or a registered task name, got {task_or_name!r}")
 
@@ -507,8 +644,13 @@ def _resolve_spec(task_or_name: Task[..., Any] | str) -> Task[..., Any]:
 def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
               run_at: datetime | timedelta | None = None, queue: str | None = None,
               priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
-              max_attempts: int | None = None) -> NewJob:
+              max_attempts: int | None = None, check_signature: bool = True) -> NewJob:
     """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
+
+    Args:
+        check_signature: refuse arguments that do not bind to the handler's signature
+            (:class:`ArgumentsMismatch`). The scheduler passes False: its jobs are emitted even for
+            tasks this process does not know (a rolling deploy), so its signature may be stale.
 
     Raises:
         EnqueueError (and its subclasses): see :func:`enqueue`.
@@ -519,7 +661,11 @@ def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[st
     kwargs = dict(kwargs or {})
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
         raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
-    args_json, kwargs_json = encode_payload(list(args), kwargs, limit=settings.max_payload_bytes)
+    args = list(args)
+    args_json, kwargs_json = encode_payload(args, kwargs, limit=settings.max_payload_bytes,
+                                            names=_positional_names(enqueue_signature(spec)))
+    if check_signature:
+        check_arguments_bind(spec, args, kwargs)
     queue = queue or spec.queue or settings.default_queue
     _check_name(queue, "queue", MAX_QUEUE_LENGTH)
     if not settings.queue_allowed(queue):
@@ -595,6 +741,7 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
 
     Raises:
         PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
+        ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
         EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
         UnknownTask: ``task_or_name`` is a name nobody registered.
@@ -678,12 +825,17 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
                     signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
         return total
     # Same task and options for every job: validate the options once, each job's arguments one by
-    # one (the same checks as enqueue()), and send the arguments as one JSON array per chunk.
-    template = build_job(spec, [], {}, **options)
+    # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
+    # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
+    template = build_job(spec, [], {}, check_signature=False, **options)
+    for a, kw in pairs:
+        check_arguments_bind(spec, a, kw)
+    names = _positional_names(enqueue_signature(spec))
+    chunks = [encode_payload_many(pairs[start:start + 10_000], limit=settings.max_payload_bytes, names=names,
+                                  first=start)
+              for start in range(0, len(pairs), 10_000)]
     total = 0
-    for start in range(0, len(pairs), 10_000):
-        chunk = pairs[start:start + 10_000]
-        args_json, kwargs_json = encode_payload_many(chunk, limit=settings.max_payload_bytes)
+    for args_json, kwargs_json in chunks:
         count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
                                            channel=settings.notify_channel, want_ids=report)
         total += count
@@ -692,8 +844,8 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
     return total
 
 
-def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *,
-                        limit: int) -> tuple[str, str | None]:
+def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *, limit: int,
+                        names: Sequence[str] = (), first: int = 0) -> tuple[str, str | None]:
     """Validate many jobs' arguments and encode them as two JSON arrays (for :func:`store.job_insert_many`).
 
     Every job gets the checks of :func:`encode_payload` (JSON round trip: NUL characters, lone
@@ -702,6 +854,9 @@ def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *,
     Args:
         pairs: ``(args list, kwargs dict)`` per job.
         limit: ``MAX_PAYLOAD_BYTES`` per job (0: no limit).
+        names: the handler's positional parameter names, to name a bad positional argument (as
+            :func:`encode_payload`).
+        first: the index of ``pairs[0]`` in the caller's whole list (for the messages).
 
     Returns:
         ``(args array JSON, kwargs array JSON or None when no job has keyword arguments)``.
@@ -710,9 +865,9 @@ def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *,
         PayloadNotSerializable, PayloadTooLarge: as :func:`encode_payload`, naming the job's index.
     """
     any_kwargs = False
-    for i, (a, kw) in enumerate(pairs):
+    for i, (a, kw) in enumerate(pairs, first):
         for n, value in enumerate(a):
-            check_json(value, f"job {i} argument {n}")
+            check_json(value, f"job {i} argument {names[n]!r}" if n < len(names) else f"job {i} args[{n}]")
         if kw:
             any_kwargs = True
             for key, value in kw.items():
@@ -726,7 +881,7 @@ def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *,
     # The arrays are at least as long as their largest element (each empty kwargs counts as "{}").
     if limit and len(args_json.encode()) + (len(kwargs_json.encode()) if kwargs_json else 2 * len(pairs)) > limit:
         # The whole chunk is over one job's limit: find the job that is (most chunks never get here).
-        for i, (a, kw) in enumerate(pairs):
+        for i, (a, kw) in enumerate(pairs, first):
             size = len(dumps(a).encode()) + len(dumps(kw).encode())
             if size > limit:
                 raise PayloadTooLarge(

@@ -448,7 +448,7 @@ class SchedulerService(Service):
             spec = registry.Task(func=_unregistered, name=row.task)
         new = registry.build_job(spec, row.args, row.kwargs, run_at=occurrence, queue=row.queue or None,
                                  priority=row.priority, unique_key=occurrence_key(row.id, occurrence),
-                                 unique_scope="retained")
+                                 unique_scope="retained", check_signature=False)
         return dataclasses.replace(new, schedule_id=row.id, occurrence_at=occurrence)
 
     def _report(self, schedule_id: int, topic: str, level: int, msg: str, *args: Any) -> None:

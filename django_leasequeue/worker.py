@@ -47,7 +47,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
-from .conf import Settings, get_settings
+from .conf import Settings, check_lease_seconds, get_settings
 from .context import JobContext
 from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
@@ -201,6 +201,13 @@ class Completer(Service):
                     for item in batch[index:]:
                         self._queue.put(item)
                     raise
+                except DatabaseError:
+                    # Not even the failure could be written: the lease will expire and the job be
+                    # retried. Not a lost lease, and no reason to drop the rest of the batch.
+                    logger.exception("job %s: could not record the refused result; the lease will expire",
+                                     ctx.job_id)
+                    failed.add(ctx.job_id)
+                    continue
                 if outcome is None:
                     continue  # the token moved on meanwhile: reported as a lost lease by flush()
                 failed.add(ctx.job_id)
@@ -266,7 +273,9 @@ class HeartbeatService(Service):
             for item in due:
                 renewal = renewals.get(item.job.id)
                 if renewal is None:
-                    if not item.ctx.lease_lost:
+                    # Read the flag again: the handler may have committed fenced_atomic() since the
+                    # check above (the flag is set before that commit); the job is done, not lost.
+                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction:
                         report_lease_lost(item.ctx, write="renew")
                     continue
                 if renewal.cancel_requested:
@@ -293,7 +302,7 @@ class WorkerService(Service):
     Args:
         queues: queue names to serve, or None for every queue.
         concurrency: number of handler threads.
-        lease: default lease in seconds for jobs whose task sets none; None: the setting.
+        lease: default lease in seconds for jobs whose task sets none, in (0, 7 days]; None: the setting.
         poll_interval: seconds between claims when idle and no notification arrives.
         burst: stop once no due job is left and nothing is running.
         worker_name: the last part of the worker id (``host:pid:name``).
@@ -302,6 +311,9 @@ class WorkerService(Service):
         prefetch_wait: seconds of expected queueing a prefetched job may face (None: the
             ``PREFETCH_WAIT`` setting; 0 disables prefetching).
         prefetch_max: most jobs held beyond the threads (None: the ``PREFETCH_MAX`` setting).
+
+    Raises:
+        ValueError: ``concurrency`` below 1, or a ``lease`` outside (0, 7 days].
     """
 
     name = "worker"
@@ -316,9 +328,10 @@ class WorkerService(Service):
             raise ValueError("concurrency must be >= 1")
         self.queues = list(queues) if queues is not None else None
         self.concurrency = concurrency
-        self.lease = float(lease or self.settings.lease)
-        if self.lease <= 0:
-            raise ValueError("lease must be > 0 seconds")
+        problem = check_lease_seconds(lease, "lease") if lease is not None else None
+        if problem:
+            raise ValueError(problem)
+        self.lease = float(lease if lease is not None else self.settings.lease)
         self.poll_interval = float(poll_interval or self.settings.poll_interval)
         self.burst = burst
         self.worker_id = make_worker_id(worker_name)

@@ -220,3 +220,17 @@ def adv_gated(context: JobContext, key: str, timeout: float = 30.0) -> str:
     _record(context, key)
     GATES[key].wait(timeout)
     return key
+
+
+@task(name="qa.adv_fenced_commit_fails", takes_context=True, max_attempts=2)
+def adv_fenced_commit_fails(context: JobContext, key: str) -> str:
+    """A fenced block whose COMMIT fails: an Invoice pointing at a missing account violates a
+    deferred foreign key, checked only at commit. Neither the effect nor the completion commits."""
+    from invoices.models import Invoice
+
+    _record(context, key)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+        Invoice.objects.create(account_id=-1, period="2026-11", amount_cents=1, job_id=context.job_id,
+                               lease_version=context.lease_version)
+    return "unreachable"

@@ -11,9 +11,11 @@ negative lease made a job expire the instant it was claimed; floats from 1e16 ca
 
 import functools
 import math
+import sys
 from datetime import timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from qa.models import Effect
@@ -30,7 +32,9 @@ from django_leasequeue import (
     store,
     task,
 )
+from django_leasequeue.conf import build
 from django_leasequeue.models import Job
+from django_leasequeue.worker import WorkerService
 from tests.support import claim
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +49,8 @@ DEEP = functools.reduce(lambda inner, _: [inner], range(5000), [])
 
 # (name, enqueue call, expected exception class, words the message must contain)
 HOSTILE = [
-    ("nul_in_str_argument", lambda: enqueue(record, ["a\x00b"]), PayloadNotSerializable, "argument 0 contains a NUL"),
+    ("nul_in_str_argument", lambda: enqueue(record, ["a\x00b"]), PayloadNotSerializable,
+     "argument 'tag' contains a NUL"),
     ("nul_in_nested_dict_key", lambda: enqueue(record, [{"ok": {"k\x00": 1}}]), PayloadNotSerializable,
      "contains a NUL"),
     ("nul_in_kwarg_name", lambda: enqueue(record, [], {"t\x00g": "x"}), PayloadNotSerializable,
@@ -57,9 +62,9 @@ HOSTILE = [
     ("list_5000_deep", lambda: enqueue(record, [DEEP]), PayloadNotSerializable, "nested more than 500 levels"),
     ("float_1e16", lambda: enqueue(record, [], {"sleep": 1e16}), PayloadNotSerializable, "come back"),
     ("float_1e20", lambda: enqueue(record, [1e20]), PayloadNotSerializable, "come back"),
-    ("float_max", lambda: enqueue(record, [[1.7976931348623157e308]]), PayloadNotSerializable, "argument 0[0]"),
+    ("float_max", lambda: enqueue(record, [[1.7976931348623157e308]]), PayloadNotSerializable, "argument 'tag'[0]"),
     ("int_of_5000_digits", lambda: enqueue(record, [{"n": 10**5000}]), PayloadNotSerializable,
-     "argument 0['n'] is an int of more than"),
+     "argument 'tag'['n'] is an int of more than"),
     ("queue_101_chars", lambda: enqueue(record, ["x"], queue="q" * 101), EnqueueError, "the limit is 100"),
     ("queue_with_nul", lambda: enqueue(record, ["x"], queue="q\x00"), EnqueueError, "NUL"),
     ("unique_key_with_nul", lambda: enqueue(record, ["x"], unique_key="k\x00"), EnqueueError, "NUL"),
@@ -146,3 +151,54 @@ def test_task_declaration_refuses_options_every_enqueue_would_refuse():
         task(name="adversarial.many_attempts", max_attempts=2**31)(lambda: None)
     spec = task(name="adversarial.at_the_limits", lease=7 * 86400, max_attempts=1_000_000)(lambda: None)
     assert (spec.lease, spec.max_attempts) == (7 * 86400, 1_000_000)
+
+
+def test_int_of_4300_digits_is_accepted_and_one_more_digit_is_refused_whatever_this_process_allows():
+    """The bound is Python's default ``int_max_str_digits`` (4300), not this process's: a process
+    that raised its own limit would otherwise write JSON the worker (default limit) cannot read."""
+    largest = 10**4300 - 1
+    job = enqueue(record, [[largest]])
+    assert Job.objects.get(pk=job.pk).args == [[largest]]
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # unlimited in this process: json.dumps would succeed
+    try:
+        for value in (10**4300, -(10**4300), 10**5000):
+            with pytest.raises(PayloadNotSerializable,
+                               match=r"argument 'tag'\[0\] is an int of more than 4300 digits.*pass it as a str"):
+                enqueue(record, [[value]])
+    finally:
+        sys.set_int_max_str_digits(previous)
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize("lease", [7 * 86400 + 1, timedelta(days=8), 1e300, math.inf, math.nan, 0, -1])
+def test_lease_setting_outside_0_to_7_days_is_refused(lease):
+    with pytest.raises(ConfigurationError, match=r"LEASEQUEUE\['LEASE'\] must be a number of seconds in "
+                                                 r"\(0, 604800\] \(7 days at most\), got"):
+        build({"LEASE": lease})
+
+
+def test_lease_setting_of_7_days_and_max_attempts_of_a_million_are_accepted():
+    settings = build({"LEASE": timedelta(days=7), "MAX_ATTEMPTS": 1_000_000})
+    assert (settings.lease, settings.max_attempts) == (604800.0, 1_000_000)
+
+
+@pytest.mark.parametrize("attempts", [0, 1_000_001, True, 2.0])
+def test_max_attempts_setting_outside_1_to_a_million_is_refused(attempts):
+    """Every enqueue would refuse a default of more than 1,000,000 attempts: say so at startup."""
+    with pytest.raises(ConfigurationError, match=r"LEASEQUEUE\['MAX_ATTEMPTS'\] must be an int from 1 to 1000000"):
+        build({"MAX_ATTEMPTS": attempts})
+
+
+@pytest.mark.parametrize("lease", ["604801", "nan", "inf", "-inf", "0", "-1"])
+def test_runworker_refuses_a_lease_outside_0_to_7_days(lease):
+    with pytest.raises(CommandError, match=r"--lease must be a number of seconds in \(0, 604800\]"):
+        call_command("runworker", f"--lease={lease}")
+
+
+@pytest.mark.parametrize("lease", [0, -1.0, math.nan, math.inf, 604801])
+def test_worker_service_refuses_a_lease_outside_0_to_7_days(lease):
+    """``lease=0`` used to fall back to the setting silently (``lease or setting``)."""
+    with pytest.raises(ValueError, match=r"lease must be a number of seconds in \(0, 604800\]"):
+        WorkerService(lease=lease)
+    assert WorkerService(lease=604800).lease == 604800.0

@@ -12,6 +12,7 @@ import logging
 import threading
 
 import pytest
+from django.db import connection, connections
 from qa.models import Effect, Execution
 
 from django_leasequeue import enqueue, signals, store
@@ -86,4 +87,55 @@ def test_heartbeat_does_not_renew_a_job_completed_by_fenced_atomic():
     job.refresh_from_db()
     assert (job.status, job.lease_version, job.history) == ("done", claimed.lease_version, [])
     assert (item.ctx.lease_lost, lost) == (False, [])
+    assert effects(job.id) == ["E"]
+
+
+def test_fenced_block_whose_commit_fails_is_a_failed_attempt_not_a_completion():
+    """The completion is flagged just before COMMIT (see the next test); a commit that fails (a
+    deferred foreign key) must clear the flag, or the executor would report the job done."""
+    job = enqueue("qa.adv_fenced_commit_fails", ["C"])
+    (claimed,) = claim()
+    assert run_claimed(claimed) == "ready"  # "done" if the flag had stayed set
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.leased_until) == ("ready", 1, None)
+    assert job.errors[-1]["type"] == "django.db.utils.IntegrityError"
+    assert effects(job.id) == []
+
+
+def test_renewal_that_finds_the_job_just_completed_by_fenced_atomic_is_not_a_lost_lease():
+    """The heartbeat checked the job (not yet completed), then the handler's fenced_atomic()
+    committed, then the renewal statement ran and found the job done: that is a completion, not a
+    lost lease (no lease_lost event, no note in the job's history)."""
+    lost = []
+    signals.job_lease_lost.connect(lambda sender, job_id, **kw: lost.append(job_id), weak=False,
+                                   dispatch_uid="adversarial-fenced-race")
+    try:
+        job = enqueue("qa.record")
+        worker = WorkerService(concurrency=1, lease=3, notify=False, reap=False)
+        (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=3)
+        worker._dispatch(claimed)
+        (item,) = worker.inflight_snapshot()
+        item.next_renewal = 0.0
+
+        def commit_elsewhere() -> None:  # the handler thread, on its own connection
+            try:
+                with item.ctx.fenced_atomic():
+                    Effect.objects.create(key="E", job_id=job.id, lease_version=claimed.lease_version)
+            finally:
+                connections.close_all()
+
+        def complete_just_before_the_renewal(execute, sql, params, many, context):
+            if sql == store.JOB_RENEW and not item.ctx.completed_in_transaction:
+                handler = threading.Thread(target=commit_elsewhere)
+                handler.start()
+                handler.join(10)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(complete_just_before_the_renewal):
+            worker.heartbeat.run_once()  # in this thread, on this test's connection
+    finally:
+        signals.job_lease_lost.disconnect(dispatch_uid="adversarial-fenced-race")
+    job.refresh_from_db()
+    assert item.ctx.completed_in_transaction is True
+    assert (job.status, job.history, item.ctx.lease_lost, lost) == ("done", [], False, [])
     assert effects(job.id) == ["E"]

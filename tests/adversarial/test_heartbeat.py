@@ -105,15 +105,16 @@ def test_heartbeat_keeps_a_busy_lease_and_retries_it_within_a_second(statement_t
 
 def test_long_fenced_transaction_of_one_job_does_not_let_another_jobs_lease_expire():
     """End to end in an in-process worker: job A holds its row locked in ``fenced_atomic()`` for
-    twice its 2 s lease while job B runs as long; B must be renewed all along and run once."""
+    1.5 times its 3 s lease while job B runs as long; B must be renewed all along and run once
+    (the old blocking renewal let B's lease expire at 3 s and the embedded reaper take it back)."""
     lost: list[int] = []
     signals.job_lease_lost.connect(lambda sender, job_id, **kw: lost.append(job_id), weak=False,
                                    dispatch_uid="adversarial-hb-lost")
     try:
-        a = enqueue("qa.adv_fenced_slow", ["A"], {"inside": 4.0})
-        b = enqueue("qa.record", ["B"], {"sleep": 4.0})
+        a = enqueue("qa.adv_fenced_slow", ["A"], {"inside": 4.5})
+        b = enqueue("qa.record", ["B"], {"sleep": 4.5})
         worker = WorkerService(concurrency=2, burst=True, poll_interval=0.05, notify=False, reap=True,
-                               settings=build({"LEASE": 2, "REAPER_INTERVAL": 0.2}))
+                               settings=build({"LEASE": 3, "REAPER_INTERVAL": 0.2}))
         assert run_services([worker], install_signals=False) == 0
     finally:
         signals.job_lease_lost.disconnect(dispatch_uid="adversarial-hb-lost")

@@ -147,3 +147,35 @@ def test_completer_loses_no_completion_when_the_connection_drops_while_writing_o
         jobs[0].id: "dead", jobs[1].id: "done", jobs[2].id: "done", jobs[3].id: "done"}
     assert completer._queue.empty()
     assert ("lease_lost", jobs[0].id) not in events
+
+
+def test_completer_keeps_the_rest_of_a_batch_when_even_the_failure_record_is_refused(events):
+    """The database refuses a job's result and then its failure record too (here a trigger raises on
+    that row: SQLSTATE P0001, not a connection error). That job stays leased, to be retried when its
+    lease expires; the others of the batch complete, and nothing is reported as a lost lease."""
+    jobs = [enqueue("qa.record", [f"j{i}"]) for i in range(3)]
+    claimed = {c.id: c for c in claim(limit=3)}
+    first, refused, last = (context_for(claimed[j.id]) for j in jobs)
+    table = Job._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute("CREATE FUNCTION lq_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $$")
+        cur.execute(f"CREATE TRIGGER lq_test_refuse BEFORE UPDATE ON {table} FOR EACH ROW "
+                    f"WHEN (NEW.id = {refused.job_id}) EXECUTE FUNCTION lq_test_refuse()")
+    try:
+        completer = Completer(alias=store.db_alias())
+        completer.submit(first, '"one"')
+        completer.submit(refused, REFUSED)
+        completer.submit(last, None)
+        completer.flush()
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"DROP TRIGGER lq_test_refuse ON {table}")
+            cur.execute("DROP FUNCTION lq_test_refuse()")
+    rows = {j.id: (j.status, j.attempts, j.lease_version, j.errors) for j in Job.objects.all()}
+    assert rows == {jobs[0].id: ("done", 1, first.lease_version, []),
+                    jobs[1].id: ("leased", 1, refused.lease_version, []),
+                    jobs[2].id: ("done", 1, last.lease_version, [])}
+    assert completer.completed == 2 and completer._queue.empty()
+    assert sorted(events) == sorted([("succeeded", jobs[0].id), ("succeeded", jobs[2].id)])
+    assert Job.objects.get(pk=jobs[1].id).history == []

@@ -85,10 +85,10 @@ def test_unknown_queue_is_rejected():
 @pytest.mark.parametrize(
     ("args", "kwargs", "named"),
     [
-        ((Decimal("1.10"), 2), {}, "argument 0"),
+        ((Decimal("1.10"), 2), {}, "argument 'a'"),
         ((1,), {"b": uuid.uuid4()}, "keyword argument 'b'"),
-        ((datetime.now(UTC), 1), {}, "argument 0"),
-        (([(1, 2)], 1), {}, "argument 0[0]"),
+        ((datetime.now(UTC), 1), {}, "argument 'a'"),
+        (([(1, 2)], 1), {}, "argument 'a'[0]"),
     ],
 )
 def test_c23_non_json_arguments_are_rejected_at_enqueue(args, kwargs, named):

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--concurrency", "0"], "--concurrency must be >= 1"), (["--lease", "-1"], "--lease must be > 0")],
+    [(["--concurrency", "0"], "--concurrency must be >= 1"),
+     (["--lease", "-1"], "--lease must be a number of seconds in")],
 )
 def test_runworker_refuses_bad_options(args, message):
     with pytest.raises(CommandError, match=message):

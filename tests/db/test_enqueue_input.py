@@ -15,7 +15,17 @@ import pytest
 from django.test import override_settings
 from qa.tasks import record
 
-from django_leasequeue import EnqueueError, PayloadNotSerializable, UnknownTask, enqueue, store, task
+from django_leasequeue import (
+    ArgumentsMismatch,
+    EnqueueError,
+    PayloadNotSerializable,
+    UnknownTask,
+    enqueue,
+    enqueue_many,
+    enqueue_on_commit,
+    store,
+    task,
+)
 from django_leasequeue.models import Job
 from django_leasequeue.store import NewJob
 from tests.support import claim, run_claimed
@@ -38,20 +48,21 @@ class Level(enum.IntEnum):
 @pytest.mark.parametrize(
     ("args", "kwargs", "named", "why"),
     [
-        ([Decimal("1.10")], {}, "argument 0", "decimal.Decimal"),
+        ([Decimal("1.10")], {}, "argument 'tag'", "decimal.Decimal"),
         ([], {"when": datetime(2026, 1, 1, tzinfo=UTC)}, "keyword argument 'when'", "datetime.datetime"),
         ([], {"day": date(2026, 1, 1)}, "keyword argument 'day'", "datetime.date"),
-        (["ok", uuid.uuid4()], {}, "argument 1", "uuid.UUID"),
-        ([(1, 2)], {}, "argument 0", "JSON would turn it into a list"),
+        (["ok", uuid.uuid4()], {}, "argument 'sleep'", "uuid.UUID"),
+        (["ok", 0.0, uuid.uuid4()], {}, "args[2]", "uuid.UUID"),  # beyond the named parameters
+        ([(1, 2)], {}, "argument 'tag'", "JSON would turn it into a list"),
         ([], {"obj": Thing()}, "keyword argument 'obj'", "Thing"),
-        ([math.nan], {}, "argument 0", "NaN"),
+        ([math.nan], {}, "argument 'tag'", "NaN"),
         ([], {"x": [1, {"deep": math.inf}]}, "keyword argument 'x'[1]['deep']", "infinity"),
-        ([{1: "a"}], {}, "argument 0", "key 1 of type int"),
-        ([{"ok": {None: 1}}], {}, "argument 0['ok']", "key None"),
-        ([b"bytes"], {}, "argument 0", "bytes"),
-        ([{1, 2}], {}, "argument 0", "set"),
+        ([{1: "a"}], {}, "argument 'tag'", "key 1 of type int"),
+        ([{"ok": {None: 1}}], {}, "argument 'tag'['ok']", "key None"),
+        ([b"bytes"], {}, "argument 'tag'", "bytes"),
+        ([{1, 2}], {}, "argument 'tag'", "set"),
         ([], {"status": Status.PAID}, "keyword argument 'status'", "a subclass of str"),
-        ([Level.HIGH], {}, "argument 0", "a subclass of int"),
+        ([Level.HIGH], {}, "argument 'tag'", "a subclass of int"),
     ],
 )
 def test_c23_non_json_argument_names_it_and_writes_nothing(args, kwargs, named, why):
@@ -83,6 +94,8 @@ def test_json_values_round_trip_unchanged():
 def test_unknown_task_name_is_a_clear_error():
     with pytest.raises(UnknownTask, match="'qa.no_such_task'.*no task is registered"):
         enqueue("qa.no_such_task")
+    with pytest.raises(UnknownTask, match=r"cannot enqueue 'qa\.recrod'.*Did you mean 'qa\.record'\?"):
+        enqueue("qa.recrod")
     with pytest.raises(TypeError, match="needs a Task or a registered task name"):
         enqueue(print)
     assert Job.objects.count() == 0
@@ -99,7 +112,13 @@ def test_row_naming_unregistered_task_is_dead_lettered_without_importing(name, t
     job = Job.objects.get(pk=claimed.id)
     assert (job.status, job.attempts, len(job.errors)) == ("dead", 1, 1)
     assert job.errors[0]["type"] == "django_leasequeue.exceptions.UnknownTask"
-    assert f"no task is registered as {name!r}" in job.errors[0]["message"]
+    message = job.errors[0]["message"]
+    assert f"no task is registered as {name!r}" in message
+    # ... and says where workers look for tasks, what this process imported, and the fix.
+    assert "importing the 'tasks' and 'jobs' modules of every installed app and the modules listed in " \
+           "LEASEQUEUE['IMPORTS'] (this process imported " in message
+    assert "qa.tasks" in message and "invoices.tasks" in message
+    assert "decorate the function with @task in such a module" in message and "replay the job" in message
     assert not marker.exists()
     assert "qa_never_imported_module" not in sys.modules
 
@@ -192,3 +211,50 @@ def test_aenqueue_validates_the_same_way():
     # aenqueue is a thin sync_to_async wrapper; it must validate the same way.
     with pytest.raises(PayloadNotSerializable):
         asyncio.run(record.aenqueue(Decimal("1")))
+
+
+@task(name="tests.varargs")
+def varargs(first, *rest, **options):
+    return first
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        (lambda: enqueue(record, [], {"nope": 1}), "got an unexpected keyword argument 'nope'"),
+        (lambda: record.enqueue("a", 0.0, 3), "too many positional arguments"),
+        (lambda: enqueue(record, ["later"], {"tag": "t"}), "multiple values for argument 'tag'"),
+        (lambda: enqueue_on_commit(record, [], {"tga": "t"}), "got an unexpected keyword argument 'tga'"),
+        (lambda: enqueue_many(record, [["ok"], ([], {"slep": 1})]), "got an unexpected keyword argument 'slep'"),
+    ],
+)
+def test_arguments_that_do_not_fit_the_handler_are_refused_at_enqueue(call, problem):
+    """A job whose arguments cannot bind to the handler would fail with a TypeError on every
+    attempt; enqueue refuses it, naming the task and its signature (without the context)."""
+    with pytest.raises(ArgumentsMismatch) as err:
+        call()
+    assert str(err.value) == (f"task 'qa.record' cannot take these arguments: {problem}; it is enqueued as "
+                              "qa.record(tag: str = '', sleep: float = 0.0) -> str")
+    assert isinstance(err.value, TypeError) and isinstance(err.value, EnqueueError)
+    assert Job.objects.count() == 0
+
+
+def test_missing_required_argument_is_refused_and_keywords_and_defaults_bind():
+    from invoices.tasks import send_invoice
+
+    with pytest.raises(ArgumentsMismatch, match=r"missing a required argument: 'period'; it is enqueued as "
+                                                r"invoices\.tasks\.send_invoice\(account_id: int, period: str, "
+                                                r"work_seconds: float = 0\.0\) -> dict"):
+        send_invoice.enqueue(7)
+    send_invoice.enqueue(7, period="2026-11")
+    enqueue(varargs, [1, 2, 3], {"any": "thing"})
+    assert Job.objects.count() == 2
+
+
+def test_bad_argument_is_named_by_parameter_and_by_index_past_the_named_ones():
+    with pytest.raises(PayloadNotSerializable, match=r"^argument 'first' is a decimal\.Decimal"):
+        enqueue(varargs, [Decimal(1)])
+    with pytest.raises(PayloadNotSerializable, match=r"^args\[2\]\['k'\] is a decimal\.Decimal"):
+        enqueue(varargs, [1, 2, {"k": Decimal(1)}])
+    with pytest.raises(PayloadNotSerializable, match=r"^keyword argument 'options' is a decimal\.Decimal"):
+        enqueue(varargs, [1], {"options": Decimal(1)})

@@ -169,8 +169,14 @@ def test_enqueue_many_checks_every_job_and_the_payload_limit():
 
     from django_leasequeue.exceptions import PayloadNotSerializable, PayloadTooLarge
 
-    with pytest.raises(PayloadNotSerializable, match=r"job 1 argument 0"):
+    with pytest.raises(PayloadNotSerializable, match=r"job 1 argument 'key'"):
         enqueue_many(flaky_sync, [["ok"], [{1, 2}]])
+    with pytest.raises(PayloadNotSerializable, match=r"job 1 keyword argument 'failures'"):
+        enqueue_many(flaky_sync, [["ok"], (["ok"], {"failures": float("nan")})])
+    # Every chunk of 10,000 is checked before the first is written: a bad job writes nothing.
+    with pytest.raises(PayloadNotSerializable, match=r"job 10000 argument 'key'"):
+        enqueue_many(flaky_sync, [["ok"]] * 10_000 + [[{1}]])
+    assert Job.objects.count() == 0
     with override_settings(LEASEQUEUE={"MAX_PAYLOAD_BYTES": 100}):
         assert enqueue_many(flaky_sync, [["x" * 40]] * 5) == 5  # the chunk is over 100 bytes, no job is
         with pytest.raises(PayloadTooLarge, match=r"job 2"):

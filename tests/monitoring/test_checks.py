@@ -89,6 +89,13 @@ def test_checks_are_registered_with_django():
     assert {"check_migrations", "check_schedules"} <= database_tagged
 
 
+@pytest.mark.django_db
+def test_schedule_of_a_misspelt_task_suggests_the_registered_one():
+    Schedule.objects.bulk_create([Schedule(name="typo", task="invoices.tasks.flaky_snyc", cron="* * * * *")])
+    (warning,) = [m for m in checks.check_schedules(databases=["default"]) if m.id == "leasequeue.W102"]
+    assert "(did you mean 'invoices.tasks.flaky_sync'" in warning.msg
+
+
 def test_a_database_other_than_postgresql_is_reported_by_plain_check_and_by_the_commands(monkeypatch):
     # A newcomer on SQLite: `manage.py check` says so (no --database needed), and runworker says
     # PostgreSQL is needed rather than "run migrate" (which would fail with the same E002).

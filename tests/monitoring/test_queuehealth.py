@@ -96,8 +96,9 @@ def test_min_workers_counts_alive_workers_serving_each_queue(now):
     assert queuehealth("--min-workers", "3:1").code == 1
     assert queuehealth("--queue", "emails", "--queue", "billing", "--min-workers", "2").code == 2
     run = queuehealth("--queue", "emails", "--queue", "billing", "--min-workers", "2", "--json")
-    assert [(c["scope"], c["value"], c["level"]) for c in run.json["checks"]] == [
-        ("emails", 2.0, "OK"), ("billing", 1.0, "CRITICAL")]
+    assert [(c["check"], c["scope"], c["value"], c["level"]) for c in run.json["checks"]] == [
+        ("queue", "billing", None, "WARNING"),  # no job, nothing names it: see the unknown-queue test
+        ("workers", "emails", 2.0, "OK"), ("workers", "billing", 1.0, "CRITICAL")]
 
 
 @pytest.mark.django_db
@@ -184,3 +185,25 @@ def test_unreachable_database_is_unknown(spawn):
     proc = spawn("queuehealth", "--max-oldest-age", "5", env={"PGPORT": "1"})
     assert proc.wait(60) == 3
     assert proc.output().startswith("QUEUEHEALTH UNKNOWN - cannot read the queue: OperationalError")
+
+
+@pytest.mark.django_db
+def test_a_queue_that_has_no_job_and_that_nothing_names_is_a_warning_not_ok(now, settings):
+    """``--queue emials`` (a typo) used to report OK on all-zero figures."""
+    make_job(queue="emails", run_at=ago(now, 5))
+    typo = queuehealth("--queue", "emials", "--max-oldest-age", "60")
+    assert typo.code == 1
+    assert typo.output.splitlines()[0] == (
+        "QUEUEHEALTH WARNING - queue 'emials' is unknown: no job in it (waiting, running, dead or finished in "
+        "the last 3600 s) and no task, schedule, worker, queue state or LEASEQUEUE['QUEUES'] names it; did you "
+        "mean 'emails'? known queues: default, emails, flow, rated | 'oldest_ready_age[emials]'=0s;;60")
+    assert queuehealth("--queue", "emials").code == 1  # even with no threshold given
+    assert queuehealth("--queue", "emails", "--max-oldest-age", "60").code == 0  # has a job
+    assert queuehealth("--queue", "default", "--max-oldest-age", "60").code == 0  # DEFAULT_QUEUE, no job
+    # Declared without a job: by the queue-state table (a pause), a schedule, a worker, the setting.
+    QueueState.objects.create(name="paused-once")
+    store.process_register(process_id="h:1:w", kind="worker", host="h", pid=1, queues=["reports"], concurrency=1)
+    settings.LEASEQUEUE = {"QUEUES": ["default", "emails", "bulk"]}
+    for name in ("paused-once", "reports", "bulk"):
+        assert queuehealth("--queue", name).code == 0, name
+    assert queuehealth("--queue", "emials", "--json").json["checks"][0]["level"] == "WARNING"

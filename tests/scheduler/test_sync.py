@@ -4,6 +4,7 @@ alone, removed ones are disabled, edits take effect from the next occurrence."""
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 
 import pytest
@@ -151,5 +152,44 @@ def test_runscheduler_once_syncs_and_ticks(settings, capsys):
     assert Schedule.objects.get(name="nightly").source == "settings"
     from django_leasequeue.models import WorkerProcess
 
-    (row,) = WorkerProcess.objects.filter(kind="scheduler")
-    assert row.id.endswith(":once:scheduler") and row.last_tick_at is not None
+    assert not WorkerProcess.objects.exists()  # a one-shot run leaves no process row behind
+    assert "next occurrence: nightly @ " in out
+
+
+def test_runscheduler_once_reports_what_it_emitted_and_the_next_occurrence(capsys):
+    from django_leasequeue import store
+    from django_leasequeue.models import WorkerProcess
+
+    # Due: the occurrence at the last minute boundary (a cron instant), the one before it emitted.
+    due_at = store.db_now().replace(second=0, microsecond=0)
+    due = Schedule.objects.create(name="minutely", task=NOOP, cron="* * * * *")
+    Schedule.objects.filter(pk=due.pk).update(last_occurrence_at=due_at - timedelta(minutes=1),
+                                              next_occurrence_at=due_at)
+    Schedule.objects.create(name="off", task=NOOP, cron="* * * * *", enabled=False)
+    call_command("runscheduler", "--once", "--no-sync")
+    lines = capsys.readouterr().out.splitlines()
+    (job,) = Job.objects.all()
+    # (skipped 1 only if a minute boundary passed since due_at was read: catch_up "latest")
+    assert re.search(r": 1 enabled schedule\(s\), 1 due, emitted 1 job\(s\), 0 already emitted, skipped [01] "
+                     r"occurrence\(s\), 0 error\(s\)$", lines[0]), lines[0]
+    assert lines[1] == f"  emitted minutely @ {job.occurrence_at.isoformat()}"
+    nxt = Schedule.objects.get(pk=due.pk).next_occurrence_at
+    assert lines[2].startswith(f"next occurrence: minutely @ {nxt.isoformat()} (in ")
+    assert len(lines) == 3 and not WorkerProcess.objects.exists()
+    Schedule.objects.filter(pk=due.pk).update(enabled=False)
+    call_command("runscheduler", "--once", "--no-sync")
+    assert capsys.readouterr().out.splitlines()[1:] == ["next occurrence: none (no enabled schedule)"]
+
+
+def test_runscheduler_once_deregisters_even_when_the_tick_fails(monkeypatch):
+    from django_leasequeue.models import WorkerProcess
+    from django_leasequeue.scheduler import SchedulerService
+
+    def broken_tick(self, now=None):
+        assert WorkerProcess.objects.filter(kind="scheduler").count() == 1  # registered while it ticks
+        raise RuntimeError("tick failed")
+
+    monkeypatch.setattr(SchedulerService, "tick", broken_tick)
+    with pytest.raises(RuntimeError, match="tick failed"):
+        call_command("runscheduler", "--once", "--no-sync")
+    assert not WorkerProcess.objects.exists()

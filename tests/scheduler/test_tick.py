@@ -346,6 +346,14 @@ def test_unregistered_task_at_tick_is_emitted_and_warned_once(caplog):
     assert len(warnings) == 1 and "gone.tasks.removed" in warnings[0].getMessage()
 
 
+def test_schedule_whose_arguments_no_longer_fit_the_task_is_still_emitted():
+    """enqueue() refuses arguments that do not bind to the handler; the scheduler does not check:
+    its signature may be older than the workers' (a rolling deploy), as for unknown tasks."""
+    schedule = make_schedule(cron="0 * * * *", last_occurrence_at=z(2026, 2, 1, 9), args=[1, 2])  # noop()
+    scheduler().tick(now=z(2026, 2, 1, 10))
+    assert [j.args for j in jobs_of(schedule)] == [[1, 2]]
+
+
 def test_broken_schedule_is_reported_once_and_does_not_stop_others(caplog):
     good = make_schedule("good", cron="0 * * * *", last_occurrence_at=z(2026, 2, 1, 9))
     bad = make_schedule("bad", cron="0 * * * *", last_occurrence_at=z(2026, 2, 1, 9))

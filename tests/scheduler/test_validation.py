@@ -147,3 +147,14 @@ def test_demo_project_schedules_are_valid():
         names = [d.name for d in load_settings_schedules()]
     assert names == ["nightly-invoice-run", "heartbeat"]
     assert django_settings.LEASEQUEUE_SCHEDULES == {}  # restored
+
+
+def test_unknown_task_suggests_the_registered_names_close_to_it():
+    """A typo in a schedule's task (admin form or settings) names the registered task it resembles."""
+    errors = errors_of(task="invoices.tasks.send_invoise")
+    assert "; did you mean 'invoices.tasks.send_invoice'" in " ".join(errors["task"])
+    with pytest.raises(ConfigurationError, match=r"task 'invoices\.tasks\.flaky_snyc' is not registered .*did you "
+                                                 r"mean 'invoices\.tasks\.flaky_sync'"):
+        load_settings_schedules({"bad": {"task": "invoices.tasks.flaky_snyc", "cron": "* * * * *"}})
+    errors = errors_of(task="zzz.qqq")  # nothing close: no suggestion
+    assert "did you mean" not in " ".join(errors["task"])

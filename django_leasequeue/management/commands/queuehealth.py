@@ -115,7 +115,13 @@ class Command(BaseCommand):
             else:
                 self.stdout.write(message)
             raise SystemExit(UNKNOWN)
-        results = health.evaluate(snap, checks)
+        try:
+            results = health.unknown_queue_checks(snap, options["queue"]) + health.evaluate(snap, checks)
+        except DatabaseError as exc:
+            message = f"QUEUEHEALTH UNKNOWN - cannot read the queue: {type(exc).__name__}: {exc}".strip()
+            self.stdout.write(json.dumps({"status": "UNKNOWN", "exit_code": UNKNOWN, "summary": message})
+                              if options["json"] else message)
+            raise SystemExit(UNKNOWN)
         if report is not None:
             results += health.lease_checks(report)
         level = health.overall(results)
@@ -148,13 +154,14 @@ class Command(BaseCommand):
         if not results:
             text = "no thresholds given"
         elif bad:
-            text = "; ".join(f"{r.message} ({r.threshold.describe(' s' if r.unit == 's' else '')})" for r in bad)
+            text = "; ".join(r.message + (f" ({limits})" if (limits := r.threshold.describe(
+                " s" if r.unit == "s" else "")) else "") for r in bad)
         else:
             text = f"{len(results)} check(s) passed"
         perf = " ".join(
             f"'{r.label}'={'' if r.value is None else f'{r.value:g}'}{r.unit};"
             f"{r.threshold.perfdata_range(r.threshold.warning)};{r.threshold.perfdata_range(r.threshold.critical)}"
-            for r in results if r.check != "lease"
+            for r in results if r.check not in ("lease", "queue")
         )
         return f"QUEUEHEALTH {level.name} - {text}" + (f" | {perf}" if perf else "")
 

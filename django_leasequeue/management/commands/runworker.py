@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_leasequeue.conf import get_settings
+from django_leasequeue.conf import check_lease_seconds, get_settings
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -22,7 +22,8 @@ class Command(BaseCommand):
                             help="comma-separated queues to serve; '*' (default) serves every queue")
         parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
         parser.add_argument("--lease", type=float, default=None,
-                            help="default lease in seconds for tasks without their own (default: LEASEQUEUE['LEASE'])")
+                            help="default lease in seconds for tasks without their own, at most 604800 (7 days) "
+                                 "(default: LEASEQUEUE['LEASE'])")
         parser.add_argument("--poll-interval", type=float, default=None,
                             help="seconds between polls when no notification arrives (default: setting)")
         parser.add_argument("--burst", action="store_true", help="exit once no due job is left")
@@ -51,8 +52,9 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
-        if options["lease"] is not None and options["lease"] <= 0:
-            raise CommandError("--lease must be > 0 seconds")
+        problem = check_lease_seconds(options["lease"], "--lease") if options["lease"] is not None else None
+        if problem:
+            raise CommandError(problem)
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,

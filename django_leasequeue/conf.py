@@ -78,11 +78,21 @@ DEFAULTS: dict[str, Any] = {
     # Process rows silent for longer than this are deleted by the reaper; None: max(300, 2 x
     # PROCESS_ALIVE_WITHIN).
     "PROCESS_PRUNE_AFTER": None,
+    # Prefetch: a worker may hold claimed jobs beyond its free threads, as many as its threads are
+    # expected to start within PREFETCH_WAIT seconds (from recent job durations), at most
+    # PREFETCH_MAX. Batches claims of short jobs; slow jobs are never prefetched. 0 disables it.
+    "PREFETCH_WAIT": 0.05,
+    "PREFETCH_MAX": 64,
+    # Commit the worker's batched completions with synchronous_commit = off (per transaction, never
+    # the server setting). A crash of PostgreSQL may then lose the last few hundred milliseconds of
+    # completions: those jobs run again (still at-least-once). Enqueues and claims stay durable.
+    "ASYNC_COMPLETIONS": False,
 }
 
 _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
+    "PREFETCH_WAIT",
 }
 
 # Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
@@ -198,6 +208,9 @@ class Settings:
     process_prune_after: float = 300.0
     # Queue name -> RateLimit, parsed from QUEUES[name]["rate_limit"].
     rate_limits: dict[str, RateLimit] = field(default_factory=dict)
+    prefetch_wait: float = 0.05
+    prefetch_max: int = 64
+    async_completions: bool = False
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -239,6 +252,11 @@ def build(raw: dict[str, Any] | None) -> Settings:
         raise ConfigurationError("LEASEQUEUE['BACKOFF_MAX'] must be >= BACKOFF_BASE")
     if not 0 <= merged["BACKOFF_JITTER"] <= 1:
         raise ConfigurationError("LEASEQUEUE['BACKOFF_JITTER'] must be between 0 and 1")
+    if merged["PREFETCH_WAIT"] is None or merged["PREFETCH_WAIT"] < 0:
+        raise ConfigurationError("LEASEQUEUE['PREFETCH_WAIT'] must be >= 0 seconds (0 disables prefetching)")
+    prefetch_max = merged["PREFETCH_MAX"]
+    if isinstance(prefetch_max, bool) or not isinstance(prefetch_max, int) or prefetch_max < 0:
+        raise ConfigurationError(f"LEASEQUEUE['PREFETCH_MAX'] must be an int >= 0, got {prefetch_max!r}")
     max_attempts = merged["MAX_ATTEMPTS"]
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
             or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
@@ -286,6 +304,9 @@ def build(raw: dict[str, Any] | None) -> Settings:
         max_snoozes=int(merged["MAX_SNOOZES"]),
         **monitoring,
         rate_limits=rate_limits,
+        prefetch_wait=float(merged["PREFETCH_WAIT"]),
+        prefetch_max=prefetch_max,
+        async_completions=bool(merged["ASYNC_COMPLETIONS"]),
     )
 
 

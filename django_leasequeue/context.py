@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,8 +45,10 @@ class JobContext:
     leased_until: datetime
     lease_seconds: float
     alias: str = "default"
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Plain flags, not threading.Event: they are only ever set once and read (a bool assignment is
+    # atomic under the GIL), and two Events per job were a measurable part of the per-job cost.
+    _lost: bool = field(default=False, repr=False)
+    _cancel: bool = field(default=False, repr=False)
     completed_in_transaction: bool = False
     timed_out: bool = False
     claim: ClaimedJob | None = field(default=None, repr=False)
@@ -55,20 +56,20 @@ class JobContext:
     @property
     def lease_lost(self) -> bool:
         """True once this worker is known to have lost the lease (its outcome will be discarded)."""
-        return self._lost.is_set()
+        return self._lost
 
     @property
     def cancel_requested(self) -> bool:
         """True once an operator asked to cancel the job (seen at the latest heartbeat)."""
-        return self._cancel.is_set()
+        return self._cancel
 
     def mark_lease_lost(self) -> None:
         """Record that the lease is gone (called by the heartbeat and by fenced writes)."""
-        self._lost.set()
+        self._lost = True
 
     def mark_cancel_requested(self) -> None:
         """Record that a cancel was requested (called by the heartbeat)."""
-        self._cancel.set()
+        self._cancel = True
 
     def check_lease(self) -> None:
         """Raise :class:`LeaseLost` if the lease is known to be lost. Cheap: reads a flag."""

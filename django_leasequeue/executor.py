@@ -132,7 +132,8 @@ class Executor:
         """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs)."""
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
-        signals.emit("claimed", **fields)
+        if signals.enabled("claimed"):
+            signals.emit("claimed", **fields)
         try:
             spec = registry.get_task(job.task)
         except UnknownTask as exc:

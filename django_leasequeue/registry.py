@@ -772,10 +772,10 @@ def insert_job(new: NewJob) -> tuple[Job, bool]:
     # A unique key held by a job in "active" scope can be released between our failed insert and
     # the lookup (the job finished); then we insert again. Two rounds are enough in practice.
     for _ in range(5):
-        rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel, alias=alias)
-        if rows:
-            job = rows[0]
-            signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
+        job = store.job_insert_one(new, notify=settings.notify, channel=settings.notify_channel, alias=alias)
+        if job is not None:
+            if signals.enabled("enqueued"):
+                signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
             return job, True
         existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
         if existing is not None:
@@ -799,21 +799,96 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
     from . import signals, store
 
     spec = _resolve_spec(task_or_name)
-    jobs = []
+    settings = get_settings()
+    pairs = []
     for item in arg_list:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
             a, kw = item
         else:
             a, kw = item, {}
-        jobs.append(build_job(spec, a, kw, **options))
-    settings = get_settings()
+        if isinstance(a, (str, bytes)) or not isinstance(a, Iterable):
+            raise EnqueueError(f"args must be a list or tuple of arguments, got {a!r}")
+        pairs.append((list(a), dict(kw)))
+    if not pairs:
+        return 0
+    report = signals.enabled("enqueued")
+    if spec.concurrency_key is not None:
+        # Per-job concurrency keys: the general path, one NewJob per job.
+        jobs = [build_job(spec, a, kw, **options) for a, kw in pairs]
+        total = 0
+        for start in range(0, len(jobs), 10_000):
+            rows = store.job_insert(jobs[start:start + 10_000], notify=settings.notify,
+                                    channel=settings.notify_channel)
+            total += len(rows)
+            if report:
+                for job in rows:
+                    signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
+        return total
+    # Same task and options for every job: validate the options once, each job's arguments one by
+    # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
+    # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
+    template = build_job(spec, [], {}, check_signature=False, **options)
+    for a, kw in pairs:
+        check_arguments_bind(spec, a, kw)
+    names = _positional_names(enqueue_signature(spec))
+    chunks = [encode_payload_many(pairs[start:start + 10_000], limit=settings.max_payload_bytes, names=names,
+                                  first=start)
+              for start in range(0, len(pairs), 10_000)]
     total = 0
-    for start in range(0, len(jobs), 10_000):
-        rows = store.job_insert(jobs[start:start + 10_000], notify=settings.notify, channel=settings.notify_channel)
-        total += len(rows)
-        for job in rows:
-            signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0)
+    for args_json, kwargs_json in chunks:
+        count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
+                                           channel=settings.notify_channel, want_ids=report)
+        total += count
+        for job_id in ids:
+            signals.emit("enqueued", job_id=job_id, task=template.task, queue=template.queue, attempt=0, token=0)
     return total
+
+
+def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *, limit: int,
+                        names: Sequence[str] = (), first: int = 0) -> tuple[str, str | None]:
+    """Validate many jobs' arguments and encode them as two JSON arrays (for :func:`store.job_insert_many`).
+
+    Every job gets the checks of :func:`encode_payload` (JSON round trip: NUL characters, lone
+    surrogates, nesting depth, large floats, str keyword names; the size limit per job).
+
+    Args:
+        pairs: ``(args list, kwargs dict)`` per job.
+        limit: ``MAX_PAYLOAD_BYTES`` per job (0: no limit).
+        names: the handler's positional parameter names, to name a bad positional argument (as
+            :func:`encode_payload`).
+        first: the index of ``pairs[0]`` in the caller's whole list (for the messages).
+
+    Returns:
+        ``(args array JSON, kwargs array JSON or None when no job has keyword arguments)``.
+
+    Raises:
+        PayloadNotSerializable, PayloadTooLarge: as :func:`encode_payload`, naming the job's index.
+    """
+    any_kwargs = False
+    for i, (a, kw) in enumerate(pairs, first):
+        for n, value in enumerate(a):
+            check_json(value, f"job {i} argument {names[n]!r}" if n < len(names) else f"job {i} args[{n}]")
+        if kw:
+            any_kwargs = True
+            for key, value in kw.items():
+                if not isinstance(key, str):
+                    raise PayloadNotSerializable(f"job {i} keyword argument name {key!r} is not a str")
+                _check_text(key, f"job {i} keyword argument name {key!r}")
+                check_json(value, f"job {i} keyword argument {key!r}")
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    args_json = dumps([a for a, _ in pairs])
+    kwargs_json = dumps([kw for _, kw in pairs]) if any_kwargs else None
+    # The arrays are at least as long as their largest element (each empty kwargs counts as "{}").
+    if limit and len(args_json.encode()) + (len(kwargs_json.encode()) if kwargs_json else 2 * len(pairs)) > limit:
+        # The whole chunk is over one job's limit: find the job that is (most chunks never get here).
+        for i, (a, kw) in enumerate(pairs, first):
+            size = len(dumps(a).encode()) + len(dumps(kw).encode())
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"job {i}: arguments are {size} bytes, over LEASEQUEUE['MAX_PAYLOAD_BYTES'] = {limit}; "
+                    "store large data in a table and pass its id"
+                )
+    return args_json, kwargs_json
 
 
 def enqueue_on_commit(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (),

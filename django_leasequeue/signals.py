@@ -50,6 +50,12 @@ _LEVELS = {"dead_lettered": logging.WARNING, "lease_lost": logging.WARNING, "lea
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
+def enabled(event: str) -> bool:
+    """Return True when :func:`emit` of ``event`` would do anything: a receiver is connected to its
+    signal or its log level is enabled. Hot paths check this before building the event's fields."""
+    return bool(SIGNALS[event].receivers) or logger.isEnabledFor(_LEVELS.get(event, logging.DEBUG))
+
+
 def _describe(event: str, fields: dict[str, Any]) -> str:
     """The log line of an event: an operator reading plain logs sees which task failed and why,
     not only the job id (the structured fields stay on the record for JSON formatters)."""

@@ -31,7 +31,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, router, transaction
@@ -197,6 +197,130 @@ def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
     return jobs
 
 
+# ---- fast enqueue (issue 8) ----
+# One job: scalar parameters, not the unnest of fifteen one-element arrays, and no CTEs: this plain
+# INSERT ... SELECT plans and runs in about half the time (it is a large part of an enqueue). The
+# clock is read once, in the FROM subquery; created_at is that reading, so "due" is run_at <=
+# created_at, and the NOTIFY (delivered at commit) is sent from RETURNING. RETURNING gives back only
+# what the database decided (id, run_at, created_at); the caller builds the Job from what it sent.
+JOB_INSERT_ONE = f"""
+INSERT INTO {JOB_TABLE} (
+    task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds,
+    leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit,
+    cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at
+)
+SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::jsonb,
+       coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
+       %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
+       %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
+       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now
+FROM ({CLOCK}) AS clock
+{{on_conflict}}
+RETURNING id, run_at, created_at,
+          CASE WHEN %(notify)s AND run_at <= created_at THEN pg_notify(%(channel)s, %(queue)s) END
+"""
+# ON CONFLICT only for jobs with a unique key: without one nothing can conflict (the id comes from
+# the sequence), and ON CONFLICT makes every row a speculative insertion (an extra WAL record and a
+# probe of every unique index per row).
+_ON_CONFLICT = "ON CONFLICT DO NOTHING"
+_INSERT_ONE = {unique: JOB_INSERT_ONE.format(on_conflict=_ON_CONFLICT if unique else "") for unique in (False, True)}
+
+_ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "lease_seconds", "unique_key",
+               "unique_scope", "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at")
+
+
+def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
+                   alias: str | None = None) -> Job | None:
+    """Insert one job in the caller's transaction (see :func:`job_insert`); return it, or None when
+    its unique key is already taken. NOTIFY on ``channel`` with the queue name when it is due."""
+    alias = alias or db_alias()
+    params = {name: getattr(job, name) for name in _ONE_FIELDS}
+    params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
+                  delay=float(job.delay))
+    sql = _INSERT_ONE[job.unique_key is not None]
+    with _cursor(alias) as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    if row is None:
+        return None
+    values = {
+        "id": row[0], "task": job.task, "queue": job.queue, "priority": job.priority, "status": "ready",
+        "args": _load(job.args_json), "kwargs": _load(job.kwargs_json), "run_at": row[1], "attempts": 0,
+        "max_attempts": job.max_attempts, "lease_seconds": job.lease_seconds, "leased_until": None,
+        "leased_by": "", "lease_version": 0, "unique_key": job.unique_key, "unique_scope": job.unique_scope,
+        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
+        "cancel_requested": False, "snoozes": 0, "schedule_id": job.schedule_id, "occurrence_at": job.occurrence_at,
+        "errors": [], "history": [], "result": None, "created_at": row[2], "started_at": None,
+        "attempted_at": None, "finished_at": None,
+    }
+    return Job.from_db(alias, _JOB_ATTNAMES, [values[name] for name in _JOB_ATTNAMES])
+
+
+_JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+
+# Many jobs of one task with the same options (enqueue_many): the arguments travel as ONE JSON
+# array per kind (args, kwargs) expanded by jsonb_array_elements, instead of one array parameter
+# per column that the client quotes element by element; the order of the list is kept (ids follow
+# it). One NOTIFY when the jobs are due. Returns the count and, when asked, the new ids as text.
+JOB_INSERT_MANY = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+ins AS (
+    INSERT INTO {JOB_TABLE} (
+        task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds,
+        leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit,
+        cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at
+    )
+    SELECT %(task)s, %(queue)s, %(priority)s, 'ready', a.value, coalesce(k.value, '{{{{}}}}'::jsonb),
+           coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
+           %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
+           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now
+    FROM clock,
+         jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
+         LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
+    ORDER BY a.n
+    {{on_conflict}}
+    RETURNING id, run_at
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    FROM (SELECT 1 FROM ins, clock WHERE ins.run_at <= clock.now LIMIT 1) AS due
+    WHERE %(notify)s
+)
+SELECT count(*), CASE WHEN %(want_ids)s THEN string_agg(id::text, ',' ORDER BY id) END,
+       (SELECT count(*) FROM woken)
+FROM ins
+"""
+
+_INSERT_MANY = {unique: JOB_INSERT_MANY.format(on_conflict=_ON_CONFLICT if unique else "") for unique in (False, True)}
+
+
+def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *, notify: bool, channel: str,
+                    want_ids: bool = False, now: datetime | None = None,
+                    alias: str | None = None) -> tuple[int, list[int]]:
+    """Insert jobs that share ``template``'s task and options, one per element of ``args_json``.
+
+    Args:
+        template: the shared task, queue, priority, run_at/delay, max_attempts, lease and unique
+            key (its own args are ignored; no concurrency key: those differ per job).
+        args_json: a JSON array with one array of positional arguments per job.
+        kwargs_json: a JSON array of keyword-argument objects, parallel to ``args_json``, or None
+            when no job has keyword arguments.
+        want_ids: also return the new ids (in insertion order).
+
+    Returns:
+        ``(number inserted, ids or [])``; jobs whose unique key is taken are skipped.
+    """
+    params = {name: getattr(template, name) for name in _ONE_FIELDS if name not in (
+        "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at")}
+    params.update(now=now, notify=notify, channel=channel, args=args_json, kwargs=kwargs_json,
+                  delay=float(template.delay), want_ids=want_ids)
+    sql = _INSERT_MANY[template.unique_key is not None]
+    with _cursor(alias) as cur:
+        cur.execute(sql, params)
+        count, ids, _ = cur.fetchone()
+    return count, ([int(x) for x in ids.split(",")] if ids else [])
+
+
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:
     """Return the job that holds ``key`` in ``scope`` (active scope: a ready or leased job), or None."""
     qs = Job.objects.using(alias or db_alias()).filter(unique_key=key, unique_scope=scope)
@@ -233,10 +357,15 @@ class ClaimedJob:
     error_count: int = 0
 
 
+# Timestamps come back as integer microseconds since the epoch (exact: extract() is numeric since
+# PostgreSQL 14): C-level int loads instead of Django's Python-level timestamptz loader (one
+# Python call per value, the largest single cost of a claim in a profile of the no-op drain).
 _CLAIM_RETURNING = """
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
-          j.leased_until, coalesce(j.lease_seconds, %(lease)s), clock.now, j.priority,
-          j.created_at, j.started_at, jsonb_array_length(j.errors)
+          (extract(epoch FROM j.leased_until) * 1000000)::bigint, coalesce(j.lease_seconds, %(lease)s),
+          (extract(epoch FROM clock.now) * 1000000)::bigint, j.priority,
+          (extract(epoch FROM j.created_at) * 1000000)::bigint, (extract(epoch FROM j.started_at) * 1000000)::bigint,
+          jsonb_array_length(j.errors), (extract(epoch FROM j.run_at) * 1000000)::bigint
 """
 
 # Per-key concurrency limits (docs/flow-control.md). A candidate with a concurrency key is
@@ -403,8 +532,12 @@ claimed AS (
     FROM clock
     WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
     RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
-              j.leased_until, coalesce(j.lease_seconds, %(lease)s) AS lease_seconds, clock.now AS claimed_at,
-              j.priority, j.created_at, j.started_at, jsonb_array_length(j.errors) AS error_count
+              (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until,
+              coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
+              (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at,
+              j.priority, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at,
+              (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at,
+              jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
@@ -444,7 +577,7 @@ waits AS (
     WHERE (SELECT coalesce(sum((e->>1)::int), 0) FROM jsonb_array_elements(l.rate_log) AS e) >= l.rate_n
 )
 SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until,
-       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, waits.waits
+       c.lease_seconds, c.claimed_at, c.priority, c.created_at, c.started_at, c.error_count, c.run_at, waits.waits
 FROM waits LEFT JOIN claimed c ON true
 """
 
@@ -508,10 +641,34 @@ class ClaimResult(list[ClaimedJob]):
         return min(self.throttled.values()) if self.throttled else None
 
 
+_new = object.__new__
+_set = object.__setattr__
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _claim_order(rows: list[Any]) -> list[Any]:
+    """Put claimed rows in claim order (priority descending, then run_at, then id; run_at is column
+    15, epoch microseconds). UPDATE ... RETURNING gives no order; the worker starts a batch's jobs
+    in list order."""
+    if len(rows) > 1:
+        rows.sort(key=lambda r: (-r[11], r[15], r[0]))
+    return rows
+
+
 def _claimed(r: Sequence[Any]) -> ClaimedJob:
-    return ClaimedJob(id=r[0], task=r[1], queue=r[2], args=_load(r[3]), kwargs=_load(r[4]), attempts=r[5],
-                      max_attempts=r[6], lease_version=r[7], leased_until=r[8], lease_seconds=float(r[9]),
-                      claimed_at=r[10], priority=r[11], created_at=r[12], started_at=r[13], error_count=r[14])
+    """Build a ClaimedJob from a ``_CLAIM_RETURNING`` row (timestamps as epoch microseconds)."""
+    # The claim path builds one ClaimedJob per job: filling the frozen dataclass's __dict__ at once
+    # costs a tenth of its generated __init__ (one object.__setattr__ per field). Same object.
+    job: ClaimedJob = _new(ClaimedJob)
+    _set(job, "__dict__", {
+        "id": r[0], "task": r[1], "queue": r[2], "args": _load(r[3]), "kwargs": _load(r[4]), "attempts": r[5],
+        "max_attempts": r[6], "lease_version": r[7], "leased_until": _EPOCH + r[8] * _MICROSECOND,
+        "lease_seconds": float(r[9]), "claimed_at": _EPOCH + r[10] * _MICROSECOND, "priority": r[11],
+        "created_at": _EPOCH + r[12] * _MICROSECOND,
+        "started_at": None if r[13] is None else _EPOCH + r[13] * _MICROSECOND, "error_count": r[14],
+    })
+    return job
 
 
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
@@ -552,7 +709,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
         with _cursor(alias) as cur:
             cur.execute(sql, params)
-            return ClaimResult(_claimed(r) for r in cur.fetchall())
+            return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
     names = list(queues) if queues is not None else rated
     params["queues"] = names
     params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
@@ -565,12 +722,17 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
             cur.execute(RATE_LOCK, {"names": rated})
         cur.execute(sql, params)
         rows = cur.fetchall()
-    waits = _load(rows[0][15]) if rows else {}
-    return ClaimResult((_claimed(r) for r in rows if r[0] is not None),
+    waits = _load(rows[0][16]) if rows else {}
+    return ClaimResult((_claimed(r) for r in _claim_order([r for r in rows if r[0] is not None])),
                        throttled={k: float(v) for k, v in (waits or {}).items()})
 
 
 def _load(value: Any) -> Any:
+    # Django loads jsonb as text; most jobs have no positional or no keyword arguments.
+    if value == "[]":
+        return []
+    if value == "{}":
+        return {}
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
@@ -638,17 +800,33 @@ def job_renew(leases: Iterable[tuple[int, int, float]], *, now: datetime | None 
 # Mark many jobs done in one fenced statement (per row: id, token and status must still match, so
 # a stale token updates nothing for that row while the others complete). A job whose cancel was
 # requested while it ran ends ``cancelled`` instead, with no result: the operator's cancel wins
-# over a handler that ignored it, and no completion is recorded.
+# over a handler that ignored it, and no completion is recorded. Ids and tokens travel as one
+# comma-separated text each and the completed ids come back the same way: with Django's
+# client-side binding an int[] parameter is quoted element by element in Python, which was most of
+# the completer's cost per job. Results are NULL when no job returned a value (unnest pads with NULL).
+# With %(durable)s false the statement turns synchronous_commit off for its own transaction only
+# (set_config(..., true) is SET LOCAL; the setting is read at commit, before the transaction's
+# settings are reset), saving the WAL flush wait: the ASYNC_COMPLETIONS setting. Never the server's
+# setting, never for enqueues or claims. A crash may lose the last completions; those jobs run again.
 JOB_COMPLETE = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
-UPDATE {JOB_TABLE} j
-SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
-    finished_at = clock.now,
-    result = CASE WHEN j.cancel_requested THEN NULL ELSE d.result::jsonb END,
-    leased_until = NULL
-FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(results)s::text[]) AS d(id, version, result)
-WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
-RETURNING j.id, j.status
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now,
+           CASE WHEN %(durable)s THEN NULL ELSE set_config('synchronous_commit', 'off', true) END AS sync
+),
+fin AS (
+    UPDATE {JOB_TABLE} j
+    SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+        finished_at = clock.now,
+        result = CASE WHEN j.cancel_requested THEN NULL ELSE d.result::jsonb END,
+        leased_until = NULL
+    FROM clock, unnest(string_to_array(%(ids)s, ',')::bigint[], string_to_array(%(versions)s, ',')::bigint[],
+                       %(results)s::text[]) AS d(id, version, result)
+    WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
+    RETURNING j.id, j.status
+)
+SELECT string_agg(id::text, ',') FILTER (WHERE status = 'done'),
+       string_agg(id::text, ',') FILTER (WHERE status = 'cancelled')
+FROM fin
 """
 
 
@@ -666,8 +844,13 @@ class Completed(set[int]):
 
 
 def job_complete(items: Iterable[tuple[int, int, str | None]], *, now: datetime | None = None,
-                 alias: str | None = None) -> Completed:
+                 alias: str | None = None, synchronous_commit: bool = True) -> Completed:
     """Mark jobs done, given ``(job id, lease_version, result JSON text or None)``.
+
+    Args:
+        synchronous_commit: False commits this statement's transaction without waiting for the
+            WAL flush (``ASYNC_COMPLETIONS``; only when the statement is its own transaction, i.e.
+            outside ``atomic()``, does that stay limited to the completions).
 
     Returns:
         A :class:`Completed` set of the ids marked done; ids in its ``cancelled`` attribute ended
@@ -676,12 +859,15 @@ def job_complete(items: Iterable[tuple[int, int, str | None]], *, now: datetime 
     items = list(items)
     if not items:
         return Completed()
-    params = {"now": now, "ids": [x[0] for x in items], "versions": [x[1] for x in items],
-              "results": [x[2] for x in items]}
+    results = [x[2] for x in items]
+    params = {"now": now, "durable": synchronous_commit, "ids": ",".join([str(x[0]) for x in items]),
+              "versions": ",".join([str(x[1]) for x in items]),
+              "results": results if any(r is not None for r in results) else None}
     with _cursor(alias) as cur:
         cur.execute(JOB_COMPLETE, params)
-        rows = cur.fetchall()
-    return Completed((r[0] for r in rows if r[1] == "done"), (r[0] for r in rows if r[1] == "cancelled"))
+        row = cur.fetchone()
+    done, cancelled = row if row is not None else (None, None)
+    return Completed(map(int, done.split(",")) if done else (), map(int, cancelled.split(",")) if cancelled else ())
 
 
 # Lock the job row if, and only if, the caller still holds the lease. Used by fenced_atomic():
@@ -824,15 +1010,18 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
         return cur.fetchone() is not None
 
 
-# Give leases back without counting a failed attempt (graceful shutdown): the job is due at once
-# and its token is bumped so that a late write by the releasing worker is refused. A job whose
-# cancel was requested ends cancelled instead of running again.
+# Give leases back without counting a failed attempt (graceful shutdown, or a prefetched job that
+# no thread started): the job is due at once and its token is bumped so that a late write by the
+# releasing worker is refused. A job whose cancel was requested ends cancelled instead of running
+# again. Since the claim does not count, a job released from its first claim has no start time
+# again (started_at is the first counted claim; attempted_at keeps the latest claim).
 JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
     finished_at = CASE WHEN j.cancel_requested THEN clock.now ELSE NULL END,
     run_at = clock.now, leased_until = NULL,
+    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END,
     attempts = greatest(j.attempts - 1, 0), lease_version = j.lease_version + 1,
     history = j.history || jsonb_build_array(jsonb_build_object(
         'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now))
@@ -911,15 +1100,31 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None,
 
 # Delete finished jobs past their retention, a small batch at a time so that no statement holds
 # many row locks or bloats one transaction. Dead jobs are kept until replayed or deleted.
+# One subquery per status, each ordered by finished_at with the cutoff as a scalar subquery (a
+# parameter, not a join with the clock): PostgreSQL then walks leasequeue_job_finished
+# (status, finished_at) from the oldest row and stops at the cutoff. The previous single
+# "status IN (...) AND finished_at < clock.now - age" form was planned as a sequential scan of the
+# whole table, every batch, even with nothing to delete (issue 8: 0.4 ms instead of 114 ms on
+# 300,000 rows with nothing due; the gap grows with the table).
 JOB_PRUNE = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
-old AS (
-    SELECT j.id FROM {JOB_TABLE} j, clock
-    WHERE j.status IN ('done', 'cancelled') AND j.finished_at < clock.now - make_interval(secs => %(age)s)
+done_old AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.status = 'done' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+cancelled_old AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.status = 'cancelled' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+    ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 )
-DELETE FROM {JOB_TABLE} j USING old WHERE j.id = old.id
+DELETE FROM {JOB_TABLE} j
+WHERE j.id IN (SELECT u.id FROM (SELECT id FROM done_old UNION ALL SELECT id FROM cancelled_old) AS u
+               LIMIT %(limit)s)
 """
 
 
@@ -1902,7 +2107,7 @@ def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: date
     params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
     with _cursor(alias) as cur:
         cur.execute(JOB_CLAIM_IDS, params)
-        return ClaimResult(_claimed(r) for r in cur.fetchall())
+        return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
 
 
 # Make one held lease expire now, as if its worker had stopped renewing it long enough ago. Only

@@ -3,8 +3,14 @@
 Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and stops the others):
 
 * :class:`WorkerService` claims up to as many jobs as it has free threads, in one statement, and
-  hands them to the pool. It sleeps until a NOTIFY, a freed slot (only when it was saturated) or
-  the poll interval, and runs the reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
+  hands them to the pool. When recent jobs were short it also *prefetches*: it claims a few more
+  jobs than free threads, as many as its threads are expected to start within ``PREFETCH_WAIT``
+  seconds (at most ``PREFETCH_MAX``), so that a busy worker claims in batches instead of one
+  statement per freed thread. A prefetched job is leased and heartbeated like a running one; if no
+  thread starts it within ``PREFETCH_RELEASE_AFTER`` seconds (a long job got in the way) it is
+  released back to ``ready`` at once (token bumped, not an attempt) for other workers. It sleeps
+  until a NOTIFY, freed threads (only when it was saturated) or the poll interval, and runs the
+  reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
   When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
 * :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3
   (or ``HEARTBEAT_INTERVAL`` if shorter),
@@ -35,8 +41,10 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
 from .conf import Settings, check_lease_seconds, get_settings
@@ -50,6 +58,23 @@ logger = logging.getLogger("django_leasequeue.worker")
 PROCESS_HEARTBEAT_INTERVAL = 5.0
 # Added to a rate-limit wait: the window is closed, so a claim exactly at the boundary still counts.
 THROTTLE_MARGIN = 0.005
+# A prefetched job that no thread started within this many seconds is released back to ready.
+PREFETCH_RELEASE_AFTER = 1.0
+# Weight of the newest job in the moving average of job durations that sizes the prefetch.
+RUNTIME_EWMA_WEIGHT = 0.05
+
+
+# Whether the current thread ever opened a database connection. Job threads check (and close) broken
+# connections after each job only when their handlers used the database: the full check walks
+# Django's connection handler, several microseconds per job that no-op and non-database jobs skip.
+_thread_db = threading.local()
+
+
+def _note_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    _thread_db.used = True
+
+
+connection_created.connect(_note_connection, dispatch_uid="django_leasequeue.worker.thread_db")
 
 
 def make_worker_id(name: str | None = None) -> str:
@@ -57,17 +82,20 @@ def make_worker_id(name: str | None = None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{name or uuid.uuid4().hex[:8]}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class InFlight:
-    """A job running in this process, as the heartbeat sees it."""
+    """A job held by this process (prefetched or running), as the heartbeat sees it."""
 
     job: store.ClaimedJob
     ctx: JobContext
     lease: float
     manual_heartbeat: bool
-    deadline: float | None  # monotonic time past which heartbeats stop (task timeout)
+    timeout: float | None  # the task's timeout in seconds, counted from the start of the handler
     next_renewal: float
     renew_every: float  # seconds between renewals
+    claimed_at: float  # monotonic
+    deadline: float | None = None  # monotonic time past which heartbeats stop (set when started)
+    started: bool = False  # a thread took it (False: prefetched, waiting for a thread)
     timed_out: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -78,23 +106,30 @@ class Completer(Service):
     name = "completer"
 
     def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
-                 on_flush: Callable[[], None] | None = None) -> None:
+                 on_flush: Callable[[], None] | None = None, synchronous_commit: bool = True) -> None:
         super().__init__()
         self.alias = alias
         self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
         self.gather = gather
         self.max_batch = max_batch
+        self.synchronous_commit = synchronous_commit
+        self._idle = True
         self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
         self.completed = 0
 
     def submit(self, ctx: JobContext, result_json: str | None) -> None:
         """Queue a success for the next flush (within a few milliseconds)."""
         self._queue.put((ctx, result_json))
-        self.wake()
+        if self._idle:  # only an idle completer needs waking; a busy one flushes the queue anyway
+            self.wake()
 
     def run_once(self) -> float:
+        # Declared idle *before* looking at the queue: a submit that lands after the check sees
+        # the flag and wakes us, one that landed before it is found by the check.
+        self._idle = True
         if self._queue.empty():
             return 1.0
+        self._idle = False
         time.sleep(self.gather)  # let a batch gather; completion latency is not on the claim path
         self.flush()
         return 0.0
@@ -107,7 +142,8 @@ class Completer(Service):
                 batch.append(self._queue.get_nowait())
             items = [(c.job_id, c.lease_version, r) for c, r in batch]
             try:
-                done = with_reconnect(functools.partial(store.job_complete, items, alias=self.alias))
+                done = with_reconnect(functools.partial(
+                    store.job_complete, items, alias=self.alias, synchronous_commit=self.synchronous_commit))
             except (OperationalError, InterfaceError):
                 # The database is unreachable. Keep them for the next flush: completion is fenced,
                 # so writing it late is safe (or refused, if the lease expired and the job was
@@ -124,12 +160,16 @@ class Completer(Service):
             self.completed += len(done)
             if self.on_flush is not None:
                 self.on_flush()
+            report = signals.enabled("succeeded")
             for ctx, _ in batch:
+                if ctx.job_id in done:
+                    if report:
+                        signals.emit("succeeded", job_id=ctx.job_id, task=ctx.task, queue=ctx.queue,
+                                     attempt=ctx.attempt, token=ctx.lease_version)
+                    continue
                 fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                           "token": ctx.lease_version}
-                if ctx.job_id in done:
-                    signals.emit("succeeded", **fields)
-                elif ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
+                if ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
                     ctx.mark_cancel_requested()
                     signals.emit("cancelled", **fields)
                 elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
@@ -208,6 +248,7 @@ class HeartbeatService(Service):
         return min([self.worker.renewal_interval(self.worker.lease), *intervals])
 
     def run_once(self) -> float:
+        self.worker.release_unstarted(older_than=PREFETCH_RELEASE_AFTER)
         now = time.monotonic()
         due: list[InFlight] = []
         next_wake = now + 1.0
@@ -267,6 +308,9 @@ class WorkerService(Service):
         worker_name: the last part of the worker id (``host:pid:name``).
         notify: listen for enqueue notifications (None: the ``NOTIFY`` setting).
         reap: run the reaper's sweep in this process.
+        prefetch_wait: seconds of expected queueing a prefetched job may face (None: the
+            ``PREFETCH_WAIT`` setting; 0 disables prefetching).
+        prefetch_max: most jobs held beyond the threads (None: the ``PREFETCH_MAX`` setting).
 
     Raises:
         ValueError: ``concurrency`` below 1, or a ``lease`` outside (0, 7 days].
@@ -276,7 +320,8 @@ class WorkerService(Service):
 
     def __init__(self, *, queues: Sequence[str] | None = None, concurrency: int = 4, lease: float | None = None,
                  poll_interval: float | None = None, burst: bool = False, worker_name: str | None = None,
-                 notify: bool | None = None, reap: bool = True, settings: Settings | None = None) -> None:
+                 notify: bool | None = None, reap: bool = True, settings: Settings | None = None,
+                 prefetch_wait: float | None = None, prefetch_max: int | None = None) -> None:
         super().__init__()
         self.settings = settings or get_settings()
         if concurrency < 1:
@@ -292,17 +337,27 @@ class WorkerService(Service):
         self.worker_id = make_worker_id(worker_name)
         self.alias = store.db_alias()
         self.reap = reap
+        self.prefetch_wait = float(self.settings.prefetch_wait if prefetch_wait is None else prefetch_wait)
+        self.prefetch_max = int(self.settings.prefetch_max if prefetch_max is None else prefetch_max)
+        # No prefetch from rate-limited queues: the limit counts claims, and a prefetched job would
+        # use the allowance before a thread is free to run it (and may be released unrun).
+        if any(self.queues is None or q in self.queues for q in self.settings.rate_limits):
+            self.prefetch_max = 0
         self._next_reap = 0.0
         self._next_process_prune = 0.0
         self._lock = threading.Lock()
         self._inflight: dict[int, InFlight] = {}
-        self._tasks: queue_module.SimpleQueue[store.ClaimedJob | None] = queue_module.SimpleQueue()
+        self._tasks: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
         self._saturated = False
+        # A finishing job wakes the claim loop (when saturated) once this few jobs are held.
+        self._refill_at = concurrency - 1
+        self._avg_runtime: float | None = None  # moving average of handler durations, seconds
         # A written completion may free a concurrency-key slot that the last claim found full:
         # claim again now rather than a poll interval later (only when the last claim came up short).
-        self.completer = Completer(alias=self.alias, on_flush=self._after_completions)
+        self.completer = Completer(alias=self.alias, on_flush=self._after_completions,
+                                   synchronous_commit=not self.settings.async_completions)
         self.heartbeat = HeartbeatService(self)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
@@ -312,6 +367,7 @@ class WorkerService(Service):
         self.throttled = 0  # claims cut short by a queue rate limit
         self._throttled_until = 0.0
         self._short_claim = False  # the last claim got fewer jobs than free slots
+        self.prefetch_released = 0
 
     def _after_completions(self) -> None:
         if self._short_claim:
@@ -319,7 +375,7 @@ class WorkerService(Service):
 
     # -- pool -----------------------------------------------------------------------------------
     def inflight_snapshot(self) -> list[InFlight]:
-        """The running jobs, for the heartbeat."""
+        """The held jobs (running and prefetched), for the heartbeat."""
         with self._lock:
             return list(self._inflight.values())
 
@@ -329,8 +385,18 @@ class WorkerService(Service):
         return min(lease / 3, self.settings.heartbeat_interval)
 
     def free_slots(self) -> int:
+        """Threads not running a job and not promised to a prefetched one."""
         with self._lock:
             return self.concurrency - len(self._inflight)
+
+    def prefetch_allowance(self) -> int:
+        """How many jobs to hold beyond the threads: as many as the threads are expected to start
+        within ``prefetch_wait`` seconds, by the moving average of recent job durations (Little's
+        law), at most ``prefetch_max``. 0 until jobs have been timed, and for slow jobs."""
+        avg = self._avg_runtime
+        if avg is None or self.prefetch_wait <= 0 or self.prefetch_max <= 0:
+            return 0
+        return min(self.prefetch_max, int(self.concurrency * self.prefetch_wait / max(avg, 1e-6)))
 
     def abandon(self, item: InFlight) -> None:
         """Give a timed-out job's slot back; its thread retires when (if) its handler returns."""
@@ -341,6 +407,36 @@ class WorkerService(Service):
         self._start_thread()
         self.wake()
 
+    def release_unstarted(self, older_than: float | None = None) -> int:
+        """Release prefetched jobs that no thread has started (all of them, or those claimed more
+        than ``older_than`` seconds ago) back to ``ready``: fenced, token bumped, not an attempt.
+
+        Returns:
+            The number of jobs released.
+        """
+        now = time.monotonic()
+        with self._lock:
+            items = [i for i in self._inflight.values()
+                     if not i.started and (older_than is None or now - i.claimed_at > older_than)]
+            for item in items:  # the threads skip them when they reach them in the queue
+                del self._inflight[item.job.id]
+        if not items:
+            return 0
+        reason = "worker shutdown" if older_than is None else "prefetched job not started in time"
+        try:
+            released = with_reconnect(lambda: store.job_release([(i.job.id, i.job.lease_version) for i in items],
+                                                                reason=reason, alias=self.alias))
+        except DatabaseError:
+            logger.exception("could not release %d prefetched job(s); their leases will expire", len(items))
+            return 0
+        for item in items:
+            if item.job.id in released:
+                signals.emit("released", job_id=item.job.id, task=item.job.task, queue=item.job.queue,
+                             attempt=item.job.attempts, token=item.job.lease_version, reason=reason)
+        self.prefetch_released += len(released)
+        self.wake()
+        return len(released)
+
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._thread_main, name=f"leasequeue-job-{len(self._threads)}", daemon=True)
         self._threads.append(thread)
@@ -348,38 +444,47 @@ class WorkerService(Service):
 
     def _thread_main(self) -> None:
         try:
+            get = self._tasks.get
             while True:
-                job = self._tasks.get()
-                if job is None:
+                item = get()
+                if item is None:
                     return
-                self._run_job(job)
-                with self._lock:
-                    if self._spare_threads > 0:
-                        self._spare_threads -= 1
-                        return
+                if self._run_job(item):
+                    return
         finally:
             # This thread's connections would otherwise stay open until the process exits (an
             # in-process worker, e.g. in tests, then keeps sessions on the database after it stopped).
             connections.close_all()
 
-    def _run_job(self, job: store.ClaimedJob) -> None:
+    def _run_job(self, item: InFlight) -> bool:
+        """Run one held job on this thread. Returns True when this thread must retire."""
         with self._lock:
-            item = self._inflight.get(job.id)
-        if item is None:
-            return
+            if self._inflight.get(item.job.id) is not item:
+                return False  # released (prefetched job not started in time, or shutdown)
+            item.started = True
+        started = time.monotonic()
+        if item.timeout:
+            item.deadline = started + item.timeout
         try:
-            self.executor.run(job, item.ctx)
+            self.executor.run(item.job, item.ctx)
         except BaseException:  # noqa: BLE001 - never lose a handler thread
-            logger.exception("job %s: worker error outside the handler", job.id)
+            logger.exception("job %s: worker error outside the handler", item.job.id)
         finally:
-            close_broken_connections()
+            if getattr(_thread_db, "used", False):
+                close_broken_connections()
+            runtime = time.monotonic() - started
+            avg = self._avg_runtime
+            self._avg_runtime = runtime if avg is None else avg + RUNTIME_EWMA_WEIGHT * (runtime - avg)
             with self._lock:
-                current = self._inflight.get(job.id)
-                if current is item:
-                    del self._inflight[job.id]
-                saturated = self._saturated
-            if saturated:
+                if self._inflight.get(item.job.id) is item:
+                    del self._inflight[item.job.id]
+                wake = self._saturated and len(self._inflight) <= self._refill_at
+                retire = self._spare_threads > 0
+                if retire:
+                    self._spare_threads -= 1
+            if wake:
                 self.wake()
+        return retire
 
     # -- service --------------------------------------------------------------------------------
     def register(self) -> None:
@@ -411,22 +516,32 @@ class WorkerService(Service):
             # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
             # (and be refused) again before the window frees.
             return self._throttled_until - now
-        free = self.free_slots()
-        if free <= 0:
-            with self._lock:
+        extra = self.prefetch_allowance()
+        with self._lock:
+            held = len(self._inflight)
+            # Without prefetch: claim as soon as one thread is free. With it: once half the
+            # prefetched jobs were taken, so each claim brings a batch, not one job per freed thread.
+            self._refill_at = self.concurrency - 1 + extra // 2
+            if held > self._refill_at:
+                # Decided under the lock, so a job finishing right now sees the flag and wakes us.
                 self._saturated = True
-            return self._idle_wait()
-        jobs = store.job_claim(queues=self.queues, limit=free, worker_id=self.worker_id, lease=self.lease,
+                return self._idle_wait()
+            want = self.concurrency + extra - held
+        jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias)
         self.claimed += len(jobs)
-        for job in jobs:
-            self._dispatch(job)
+        items = [self._hold(job) for job in jobs]
         with self._lock:
-            self._saturated = len(jobs) >= free
+            for item in items:
+                self._inflight[item.job.id] = item
+            self._saturated = len(jobs) >= want
             idle = not self._inflight
-        self._short_claim = len(jobs) < free
+        put = self._tasks.put
+        for item in items:
+            put(item)
+        self._short_claim = len(jobs) < want
         wait = jobs.throttle_wait
-        if wait is not None and len(jobs) < free:
+        if wait is not None and len(jobs) < want:
             # Throttled: sleep until the oldest claim leaves the window (capped by the poll
             # interval, so other queues of this worker wait no longer than polling would make them).
             self.throttled += 1
@@ -449,12 +564,18 @@ class WorkerService(Service):
         return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
 
     def _dispatch(self, job: store.ClaimedJob) -> None:
-        self.track(job)
-        self._tasks.put(job)
+        self._tasks.put(self.track(job))
 
     def track(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
-        """Build the :class:`JobContext` of a claimed job and add it to the running jobs (the
+        """Build the :class:`JobContext` of a claimed job and add it to the held jobs (the
         heartbeat renews it from now on); return its :class:`InFlight` record."""
+        item = self._hold(job, context_class)
+        with self._lock:
+            self._inflight[job.id] = item
+        return item
+
+    def _hold(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
+        """Wrap a claimed job for the pool and the heartbeat (the caller registers and queues it)."""
         # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
         # never by the task's declared lease: using(lease=...) stores another value in the row, and
         # renewing every declared/3 seconds would let a shorter granted lease expire in between.
@@ -472,12 +593,8 @@ class WorkerService(Service):
                             worker_id=self.worker_id, leased_until=job.leased_until, lease_seconds=lease,
                             alias=self.alias, claim=job)
         now = time.monotonic()
-        item = InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual,
-                        deadline=now + timeout if timeout else None, next_renewal=now + renew_every,
-                        renew_every=renew_every)
-        with self._lock:
-            self._inflight[job.id] = item
-        return item
+        return InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual, timeout=timeout,
+                        next_renewal=now + renew_every, renew_every=renew_every, claimed_at=now)
 
     def run_inline(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> str:
         """Run a claimed job in the calling thread, on its database connection, and write its
@@ -497,6 +614,9 @@ class WorkerService(Service):
             ``lease_lost`` (a fenced write was refused, the completion included) or ``unrecorded``.
         """
         item = self.track(job, context_class)
+        item.started = True  # never a prefetched job: release_unstarted() must leave it alone
+        if item.timeout:
+            item.deadline = time.monotonic() + item.timeout
         try:
             outcome = self.executor.run(job, item.ctx)
             self.completer.flush()
@@ -515,6 +635,8 @@ class WorkerService(Service):
     def on_stop(self) -> None:
         if self.listener is not None:
             self.listener.stop()
+        # Prefetched jobs that no thread started go back at once; running ones get the grace period.
+        self.release_unstarted()
         deadline = time.monotonic() + self.settings.shutdown_grace
         while time.monotonic() < deadline:
             with self._lock:

@@ -127,7 +127,8 @@ def test_completer_loses_no_completion_when_the_connection_drops_while_writing_o
 
     def terminate_before_the_third_row(execute, sql, params, many, context):
         # A real connection loss: another session terminates ours just before this statement.
-        if not killed and isinstance(params, dict) and params.get("ids") == [target]:
+        # The completion statement takes its ids as one comma-separated text (store.job_complete).
+        if not killed and isinstance(params, dict) and params.get("ids") == str(target):
             killed.append(connection.connection.info.backend_pid)
             with psycopg.connect(**dsn, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", [killed[0]])

@@ -83,3 +83,37 @@ def test_handler_still_running_after_the_grace_period_is_released_and_its_late_r
     worker.completer.flush()
     job.refresh_from_db()
     assert (job.status, job.lease_version, job.result) == ("ready", claimed_token + 1, None)
+
+
+def test_prefetched_jobs_no_thread_started_go_back_at_once_and_the_running_one_finishes(request):
+    """Graceful stop with prefetched jobs: the ones no thread started are released at once (token
+    bumped, no attempt, no start time), the running one still finishes within the grace period."""
+    key = f"shutdown-{request.node.name}"
+    running = enqueue("qa.adv_gated", [key], priority=10)
+    waiting = [enqueue("qa.record", [f"p{i}"]) for i in range(5)]
+    worker = WorkerService(concurrency=1, poll_interval=0.05, notify=False, reap=False, prefetch_wait=0.05,
+                           prefetch_max=8, settings=build({"LEASE": 30, "SHUTDOWN_GRACE": 10}))
+    worker._avg_runtime = 0.001  # recent jobs were short: the first claim prefetches
+    stop = threading.Event()
+    thread = threading.Thread(target=run_services, args=([worker],), kwargs={"install_signals": False,
+                                                                             "stop_when": stop})
+    thread.start()
+    try:
+        wait_for(lambda: Execution.objects.filter(job_id=running.id).exists(), what="the gated handler to start")
+        # One thread, six held jobs: the gated one runs, five wait in the pool, leased and heartbeated.
+        assert len(worker.inflight_snapshot()) == 6
+        assert Job.objects.filter(status="leased").count() == 6
+        stop.set()
+        wait_for(lambda: Job.objects.filter(pk__in=[j.id for j in waiting], status="ready").count() == 5,
+                 timeout=10, what="the prefetched jobs to be released")
+    finally:
+        GATES[key].set()
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    running.refresh_from_db()
+    assert (running.status, running.attempts, running.result) == ("done", 1, key)
+    rows = Job.objects.filter(pk__in=[j.id for j in waiting])
+    assert {(j.status, j.attempts, j.lease_version, j.started_at, j.history[-1]["event"], j.history[-1]["reason"])
+            for j in rows} == {("ready", 0, 2, None, "released", "worker shutdown")}
+    assert not Execution.objects.filter(job_id__in=[j.id for j in waiting]).exists()

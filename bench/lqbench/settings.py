@@ -1,0 +1,51 @@
+"""Settings of the benchmark project: the smallest Django project that runs django-leasequeue.
+
+Environment (set by ``bench/run.py`` and by the peers-harness adapter):
+
+* ``LQBENCH_DB``: database name (default ``leasequeue_bench``); ``PGHOST``, ``PGPORT``, ``PGUSER``,
+  ``PGPASSWORD`` as for libpq.
+* ``LQBENCH_LEASE`` (seconds, default 30), ``LQBENCH_POLL_INTERVAL`` (default 1).
+* ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
+  commit with ``synchronous_commit = off``; see docs/performance.md).
+* ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
+"""
+
+import os
+
+SECRET_KEY = "leasequeue-benchmark-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = ["django_leasequeue", "lqbench"]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("LQBENCH_DB", "leasequeue_bench"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+        # Workers keep their connections (they never call close_old_connections per job anyway).
+        "CONN_MAX_AGE": None,
+    }
+}
+
+LEASEQUEUE = {
+    "LEASE": float(os.environ.get("LQBENCH_LEASE", "30")),
+    "POLL_INTERVAL": float(os.environ.get("LQBENCH_POLL_INTERVAL", "1")),
+    "NOTIFY": os.environ.get("LQBENCH_NOTIFY", "1") == "1",
+    "SHUTDOWN_GRACE": 5,
+}
+if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":
+    LEASEQUEUE["ASYNC_COMPLETIONS"] = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LQBENCH_LOG_LEVEL", "WARNING")},
+}

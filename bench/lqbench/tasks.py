@@ -1,0 +1,61 @@
+"""Tasks measured by the benchmark.
+
+``noop`` is the drain job (it does nothing, so the figure is the queue's own cost per job).
+``lat`` records its start time next to the enqueue time it was given (enqueue-to-start latency).
+``sleep`` is the long job of the heartbeat (HOT) measurement. ``harness_noop``/``harness_lat`` are
+the same jobs for the peers harness (``../shared/bench/peers``), which reads its own recorder files;
+its ``recorder`` module is on ``PYTHONPATH`` only in processes the harness starts.
+"""
+
+import os
+import time
+
+from django_leasequeue import task
+
+_fd: int | None = None
+
+
+def stamp(t_enq: float) -> None:
+    """Append ``"<start unix time> <enqueue unix time>"`` to ``$LQBENCH_STAMPS/<pid>.txt``.
+
+    One ``os.write`` of about 40 bytes: microseconds, far below a database round trip.
+    """
+    global _fd
+    now = time.time()
+    if _fd is None:
+        path = os.path.join(os.environ["LQBENCH_STAMPS"], f"{os.getpid()}.txt")
+        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_fd, f"{now:.6f} {t_enq:.6f}\n".encode())
+
+
+@task(name="bench.noop")
+def noop() -> None:
+    """Do nothing."""
+
+
+@task(name="bench.lat")
+def lat(t_enq: float) -> None:
+    """Record the start time of this job and the time it was enqueued (unix seconds)."""
+    stamp(t_enq)
+
+
+@task(name="bench.sleep")
+def sleep(seconds: float) -> None:
+    """Sleep ``seconds`` (a long job: its lease is renewed by heartbeats meanwhile)."""
+    time.sleep(seconds)
+
+
+@task(name="bench.harness_noop")
+def harness_noop() -> None:
+    """The peers harness's no-op job: one line in the harness's recorder file."""
+    from recorder import record
+
+    record("d")
+
+
+@task(name="bench.harness_lat")
+def harness_lat(t_enq: float) -> None:
+    """The peers harness's latency job."""
+    from recorder import record
+
+    record("l", t_enq)

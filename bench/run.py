@@ -1,0 +1,1074 @@
+"""django-leasequeue benchmark: one command, its own databases, one table (issue 8).
+
+Usage (from the repository root; ``scripts/bench`` wraps it)::
+
+    python bench/run.py                 # full run: every row, median of 3, then the peer queues
+    python bench/run.py --quick         # smoke test: fewer jobs, 1 repetition, small peer run
+    python bench/run.py --only drain,latency --skip-peers
+    python bench/run.py --write-docs    # also put the table into docs/performance.md
+    python bench/run.py --drop-cache    # drop the cached 10M-row database and exit
+
+Rows (each the median of ``--reps`` runs, on a fresh database copied from a migrated template):
+
+* enqueue: ``Task.enqueue()`` one per transaction, per second; ``enqueue_many()`` of 10,000 jobs in
+  one statement, per second.
+* drain: ``--jobs`` no-op jobs with 1 process x 1, 4, 16 threads and 2 processes x 4 threads
+  (and 2 x 4 with ``ASYNC_COMPLETIONS``). Jobs/s from the first claim to the last completion, read
+  from the database: ``count / (max(finished_at) - min(attempted_at))``. The workers start against
+  a paused queue; the queue is unpaused (with a NOTIFY) once every worker is registered, so start-up
+  is excluded and processes start together.
+* latency: enqueue-to-start p50/p99 of a trickle of jobs into one idle worker, with LISTEN/NOTIFY and
+  with ``runworker --no-notify`` (polling, default 1 s interval; the trickle does not wait for the
+  starts, its random 20-220 ms pauses give a uniform phase against the polling cycle).
+* HOT: share of heartbeat updates that were HOT (``pg_stat_user_tables``), in a window where only
+  heartbeats run: 16 long jobs, lease 1.5 s (a renewal every 0.5 s).
+* claim cost: time of one claim statement (10 jobs) with 10k / 1M / 10M finished or future rows
+  in the table, plus EXPLAIN showing the partial index ``leasequeue_job_ready``; the retention
+  pruner's batch delete on the largest table (rolled back). The 10M table lives in a cached
+  database (``<db>_big10000000``) built once with one ``INSERT ... SELECT generate_series`` and
+  reused by later runs until the schema changes.
+* memory: peak RSS (``VmHWM``) of the 1 x 16 drain worker.
+
+Then the peer queues of ``<repo>/../shared/bench/peers`` (their own virtualenv, created by that
+folder's ``setup_venv.sh`` in ``$TMPDIR`` if missing) and django-leasequeue itself run through the
+same harness (``bench/peer_adapter``), with the same job count, and the ratios ours/peer are printed.
+
+Environment: ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``; ``LQBENCH_DB`` (database name,
+default ``leasequeue_bench``; the runner also uses ``<name>_tpl``; the peers harness uses
+``bench_<system>``); ``PEERS_VENV``; ``PEERS_DIR`` (default ``<repo>/../shared/bench/peers``).
+Progress goes to stderr, the table to stdout and ``build/bench/results.md``, raw results to
+``--out`` (default ``build/bench/results.json``). Peers that drain below ~150 jobs/s (``SLOW_PEERS``)
+run 2,000 jobs instead of ``--jobs`` so that the full run takes about 35 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+MANAGE = os.path.join(BENCH, "manage.py")
+sys.path[:0] = [BENCH, REPO]
+
+import psycopg  # noqa: E402
+
+PG = {
+    "host": os.environ.get("PGHOST", "127.0.0.1"),
+    "port": os.environ.get("PGPORT", "5432"),
+    "user": os.environ.get("PGUSER", "postgres"),
+    "password": os.environ.get("PGPASSWORD", ""),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def connect(db: str, autocommit: bool = True) -> psycopg.Connection:
+    return psycopg.connect(dbname=db, autocommit=autocommit, **{k: v for k, v in PG.items() if v})
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, q in 0..100."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))
+    return s[int(k)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    quick: bool
+    reps: int
+    jobs: int
+    single_n: int
+    bulk_n: int
+    lat_n: int
+    hot_seconds: float
+    claim_sizes: list[int]
+    claim_reps: int
+    drains: list[tuple[int, int, bool]]
+    sections: set[str]
+    db: str
+    peers: list[str]
+    peers_n: int
+    peers_reps: int
+    peers_lat_n: int
+    peers_dir: str
+    out: str
+    keep: bool
+    profile: bool = False
+    write_docs: bool = False
+    drop_cache: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def template(self) -> str:
+        return self.db + "_tpl"
+
+
+SECTIONS = ["enqueue", "drain", "latency", "hot", "claim", "peers"]
+ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
+
+
+def find_peers_dir() -> str:
+    """``<repo>/../shared/bench/peers``; from a git worktree (``git worktree add``), ``<repo>`` is
+    the main checkout, found through git's common directory."""
+    candidates = [os.path.dirname(REPO)]
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        candidates.append(os.path.dirname(os.path.dirname(common)))
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    paths = [os.path.join(c, "shared", "bench", "peers") for c in candidates]
+    return next((p for p in paths if os.path.isdir(p)), paths[0])
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="few jobs, 1 repetition (development, smoke test)")
+    ap.add_argument("--reps", type=int, help="repetitions per row (default 3; quick: 1)")
+    ap.add_argument("--jobs", type=int, help="no-op jobs per drain (default 20000; quick: 2000)")
+    ap.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
+    ap.add_argument("--skip-peers", action="store_true", help="do not run the peer queues")
+    ap.add_argument("--peers", help=f"systems for the peers harness (default: {' '.join(ALL_PEERS)})")
+    ap.add_argument("--peers-n", type=int, help="jobs per peer drain (default: --jobs; quick: 1000)")
+    ap.add_argument("--peers-lat-n", type=int, help="latency trickle jobs per peer and repetition (default 40; "
+                    "quick: 10). The harness waits 50-1,050 ms after each start, so each costs ~0.6-1.1 s")
+    ap.add_argument("--claim-sizes", help="rows in the table for the claim-cost rows (default "
+                    "10000,1000000,10000000; quick: 10000,100000). Sizes of 5,000,000 and more are measured in a "
+                    "cached database (<db>_big<size>, about 3 GB for 10M) built once and reused by later runs")
+    ap.add_argument("--with-10m", action="store_true", help="shorthand: add 10,000,000 to --claim-sizes")
+    ap.add_argument("--drop-cache", action="store_true",
+                    help="drop the cached large claim-cost databases (rebuilt when needed) and exit")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="also put the table into docs/performance.md (between its bench-results markers)")
+    ap.add_argument("--no-async-row", action="store_true", help="skip the 2 x 4 ASYNC_COMPLETIONS drain row")
+    ap.add_argument("--db", default=os.environ.get("LQBENCH_DB", "leasequeue_bench"),
+                    help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
+    ap.add_argument("--out", default=os.path.join(REPO, "build", "bench", "results.json"),
+                    help="raw results (JSON); the table goes next to it as results.md (default build/bench/)")
+    ap.add_argument("--keep", action="store_true", help="keep the databases afterwards")
+    ap.add_argument("--profile", action="store_true",
+                    help="one extra 2 x 4 drain under py-spy (GIL samples); prints where the workers' time goes")
+    a = ap.parse_args(argv)
+    quick = a.quick
+    sections = set(SECTIONS if not a.only else [s.strip() for s in a.only.split(",") if s.strip()])
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {sorted(unknown)}")
+    if a.skip_peers:
+        sections.discard("peers")
+    if a.claim_sizes:
+        sizes = [int(x) for x in a.claim_sizes.split(",")]
+    else:
+        sizes = [10_000, 100_000] if quick else [10_000, 1_000_000, 10_000_000]
+    if a.with_10m and 10_000_000 not in sizes:
+        sizes.append(10_000_000)
+    jobs = a.jobs or (2000 if quick else 20_000)
+    drains = [(1, 1, False), (1, 4, False), (1, 16, False), (2, 4, False)]
+    if not a.no_async_row:
+        drains.append((2, 4, True))
+    peers_dir = os.environ.get("PEERS_DIR") or find_peers_dir()
+    return Config(
+        quick=quick, reps=a.reps or (1 if quick else 3), jobs=jobs, single_n=500 if quick else 5000,
+        bulk_n=10_000, lat_n=30 if quick else 200, hot_seconds=6.0 if quick else 10.0, claim_sizes=sorted(sizes),
+        claim_reps=50 if quick else 300, drains=drains, sections=sections, db=a.db,
+        peers=(a.peers.split() if a.peers else list(ALL_PEERS)), peers_n=a.peers_n or (1000 if quick else jobs),
+        peers_reps=1 if quick else (a.reps or 3), peers_lat_n=a.peers_lat_n or (10 if quick else 40),
+        peers_dir=peers_dir,
+        out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases and the in-process Django (enqueue, claim cost)
+# ---------------------------------------------------------------------------------------------
+
+
+class Databases:
+    """A migrated template database, copied into a fresh benchmark database for every run."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.django_ready = False
+
+    def _admin(self, sql: str) -> None:
+        with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
+            c.execute(sql)
+
+    def prepare(self) -> None:
+        log(f"creating template database {self.cfg.template} (migrate)")
+        self._admin(f'DROP DATABASE IF EXISTS "{self.cfg.template}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{self.cfg.template}"')
+        env = {**os.environ, "LQBENCH_DB": self.cfg.template}
+        subprocess.run([sys.executable, MANAGE, "migrate", "-v", "0"], env=env, check=True)
+
+    def fresh(self) -> str:
+        """Drop and recreate the benchmark database from the template; return its name."""
+        if self.django_ready:
+            from django.db import connections
+
+            connections.close_all()
+        self._admin(f'DROP DATABASE IF EXISTS "{self.cfg.db}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{self.cfg.db}" TEMPLATE "{self.cfg.template}"')
+        self.setup_django()
+        return self.cfg.db
+
+    def use(self, name: str) -> None:
+        """Point the in-process Django connection at database ``name`` (reconnects on next use)."""
+        from django.db import connections
+
+        connections.close_all()
+        connections["default"].settings_dict["NAME"] = name
+
+    def setup_django(self) -> None:
+        if self.django_ready:
+            return
+        os.environ["LQBENCH_DB"] = self.cfg.db
+        os.environ["DJANGO_SETTINGS_MODULE"] = "lqbench.settings"
+        import django
+
+        django.setup()
+        from django_leasequeue import registry
+
+        registry.autodiscover()
+        self.django_ready = True
+
+    def drop_all(self) -> None:
+        if self.django_ready:
+            from django.db import connections
+
+            connections.close_all()
+        for name in (self.cfg.db, self.cfg.template):
+            self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes
+# ---------------------------------------------------------------------------------------------
+
+
+class Workers:
+    """``manage.py runworker`` subprocesses, each in its own process group."""
+
+    def __init__(self, cfg: Config, processes: int, threads: int, *, args: list[str] = (),
+                 env: dict[str, str] | None = None, log_path: str) -> None:
+        self.cfg = cfg
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        full_env = {**os.environ, "LQBENCH_DB": cfg.db, "PYTHONUNBUFFERED": "1", **(env or {})}
+        cmd = [sys.executable, MANAGE, "runworker", "--concurrency", str(threads), "--queues", "default", *args]
+        self.procs = [subprocess.Popen(cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
+                                       start_new_session=True) for _ in range(processes)]
+
+    def wait_registered(self, conn: psycopg.Connection, timeout: float = 60.0) -> None:
+        """Wait until every worker has a row in the process registry (it is about to claim)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            n = conn.execute("SELECT count(*) FROM leasequeue_process WHERE kind = 'worker'").fetchone()[0]
+            if n >= len(self.procs):
+                return
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not register within {timeout} s; see {self.log_path}")
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"worker exited with {p.returncode}; log: {self.tail()}")
+
+    def tail(self) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read()[-3000:].decode(errors="replace")
+
+    def peak_rss_mb(self) -> list[float]:
+        """VmHWM (peak resident set) of each worker, in MiB."""
+        out = []
+        for p in self.procs:
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            out.append(int(line.split()[1]) / 1024.0)
+            except FileNotFoundError:
+                pass
+        return out
+
+    def stop(self, timeout: float = 20.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(5)
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def repeat(cfg: Config, what: str, fn: Callable[[int], dict]) -> list[dict]:
+    runs = []
+    for rep in range(1, cfg.reps + 1):
+        res = fn(rep)
+        log(f"{what} rep {rep}/{cfg.reps}: " + ", ".join(
+            f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
+            if not isinstance(v, (list, dict))))
+        runs.append(res)
+    return runs
+
+
+def bench_enqueue(cfg: Config, dbs: Databases) -> list[dict]:
+    def one(rep: int) -> dict:
+        dbs.fresh()
+        from lqbench.tasks import noop
+
+        from django_leasequeue import enqueue_many
+
+        noop.enqueue()  # connect, warm caches
+        t0 = time.perf_counter()
+        for _ in range(cfg.single_n):
+            noop.enqueue()
+        single = cfg.single_n / (time.perf_counter() - t0)
+        args = [[]] * cfg.bulk_n
+        t0 = time.perf_counter()
+        n = enqueue_many(noop, args)
+        bulk = n / (time.perf_counter() - t0)
+        assert n == cfg.bulk_n, n
+        return {"single_per_s": single, "bulk_per_s": bulk}
+
+    return repeat(cfg, "enqueue", one)
+
+
+def _bulk_enqueue(n: int, task_name: str = "noop", args: list | None = None) -> None:
+    from lqbench import tasks
+
+    from django_leasequeue import enqueue_many
+
+    enqueue_many(getattr(tasks, task_name), [args or []] * n)
+
+
+def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async_completions: bool,
+                workdir: str, profile_to: str | None = None) -> list[dict]:
+    label = f"drain {processes}x{threads}{' async' if async_completions else ''}"
+
+    def one(rep: int) -> dict:
+        spies: list[subprocess.Popen] = []
+        db = dbs.fresh()
+        with connect(db) as c:
+            from django_leasequeue import store
+
+            store.queue_pause("default", by="bench")
+            _bulk_enqueue(cfg.jobs)
+            c.execute("ANALYZE leasequeue_job")
+            env = {"LQBENCH_ASYNC_COMPLETIONS": "1"} if async_completions else {}
+            workers = Workers(cfg, processes, threads, env=env,
+                              log_path=os.path.join(workdir, f"drain-{processes}x{threads}-{rep}.log"))
+            try:
+                workers.wait_registered(c)
+                if profile_to:
+                    spies = [subprocess.Popen([py_spy(), "record", "--pid", str(p.pid), "--gil", "--rate", "250",
+                                               "--format", "raw", "--output", f"{profile_to}.{p.pid}.txt"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             for p in workers.procs]
+                time.sleep(0.5 if not spies else 2.0)  # listeners connect right after registering
+                store.queue_resume("default")  # NOTIFY at commit wakes the workers
+                deadline = time.monotonic() + max(120.0, cfg.jobs / 50)
+                while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job "
+                                "WHERE status IN ('ready', 'leased'))").fetchone()[0]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{label}: not drained in time; {workers.tail()}")
+                    workers.check_alive()
+                    time.sleep(0.05)
+                rss = workers.peak_rss_mb()
+            finally:
+                workers.stop()
+                for spy in spies:  # py-spy writes its file when the worker exits
+                    try:
+                        spy.wait(30)
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+            done, first, last, claims, flushes = c.execute(
+                "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at), "
+                "count(DISTINCT (leased_by, attempted_at)), count(DISTINCT finished_at) FROM leasequeue_job"
+            ).fetchone()
+        elapsed = (last - first).total_seconds()
+        if done != cfg.jobs:
+            raise RuntimeError(f"{label}: {done} of {cfg.jobs} jobs done")
+        return {"jobs_per_s": done / elapsed, "seconds": elapsed, "jobs_per_claim": done / claims,
+                "jobs_per_completion_flush": done / flushes, "peak_rss_mb": max(rss) if rss else None}
+
+    if profile_to:
+        return [one(0)]
+    return repeat(cfg, label, one)
+
+
+def py_spy() -> str:
+    """The py-spy executable next to this Python, or on PATH (``pip install py-spy``)."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.path.exists(here) else "py-spy"
+
+
+def summarize_profile(paths: list[str], top: int = 25) -> str:
+    """Where the workers held the GIL: inclusive share per function (py-spy raw stacks, all threads)."""
+    inclusive: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    total = 0
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                stack, _, n = line.rstrip().rpartition(" ")
+                if not n.isdigit() or not stack.strip():
+                    continue  # no Python stack (the GIL holder was in native code)
+                count = int(n)
+                total += count
+                frames = [fr.split(" (")[0] + " (" + fr.split(" (")[-1].split(":")[0].rsplit("/", 2)[-1] + ")"
+                          for fr in stack.split(";")]
+                for name in set(frames):
+                    inclusive[name] = inclusive.get(name, 0) + count
+                leaf[frames[-1]] = leaf.get(frames[-1], 0) + count
+    if not total:
+        return "(no profile samples: is py-spy installed?)"
+    out = [f"{total} samples with the GIL held and a Python stack (all threads of the worker processes)", "",
+           "| inclusive % | function |", "|---|---|"]
+    skip = ("Thread.run", "Thread._bootstrap", "Thread._bootstrap_inner", "<module>")
+    ranked = [(n, k) for k, n in inclusive.items() if not k.startswith(skip)]
+    out += [f"| {100 * n / total:.1f} | `{k}` |" for n, k in sorted(ranked, reverse=True)[:top]]
+    out += ["", "| self % | function |", "|---|---|"]
+    out += [f"| {100 * n / total:.1f} | `{k}` |" for k, n in sorted(leaf.items(), key=lambda x: -x[1])[:top]]
+    return "\n".join(out)
+
+
+def read_stamps(folder: str) -> list[tuple[float, float]]:
+    out = []
+    for path in glob.glob(os.path.join(folder, "*.txt")):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:
+                    out.append((float(parts[0]), float(parts[1])))
+    return out
+
+
+def bench_latency(cfg: Config, dbs: Databases, notify: bool, workdir: str) -> list[dict]:
+    # Random pauses of 20-220 ms. With NOTIFY each job is enqueued once the previous one started,
+    # into an idle worker. Polling: the trickle does not wait for the starts (the enqueue times,
+    # independent of the worker's 1 s polling cycle, fall at a uniform phase of it, as the peers
+    # harness's 50-1,050 ms pauses after each start do; several jobs may then share a poll), so the
+    # row takes cfg.lat_n x 0.12 s instead of cfg.lat_n x 1.05 s.
+    lo, hi = 0.02, 0.22
+    label = "latency " + ("notify" if notify else "polling")
+
+    def one(rep: int) -> dict:
+        dbs.fresh()
+        from lqbench.tasks import lat
+
+        stamps = tempfile.mkdtemp(prefix="lqbench-stamps-", dir=workdir)
+        with connect(cfg.db) as c:
+            workers = Workers(cfg, 1, 4, args=[] if notify else ["--no-notify"], env={"LQBENCH_STAMPS": stamps},
+                              log_path=os.path.join(workdir, f"latency-{int(notify)}-{rep}.log"))
+            try:
+                workers.wait_registered(c)
+                time.sleep(1.0)
+                rng = random.Random(rep)
+                for i in range(cfg.lat_n):
+                    time.sleep(rng.uniform(lo, hi))
+                    lat.enqueue(time.time())
+                    deadline = time.monotonic() + 10
+                    while notify and len(read_stamps(stamps)) <= i:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"{label}: job {i} did not start within 10 s; {workers.tail()}")
+                        time.sleep(0.002)
+                deadline = time.monotonic() + 10
+                while len(read_stamps(stamps)) < cfg.lat_n:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{label}: not every job started within 10 s; {workers.tail()}")
+                    time.sleep(0.01)
+            finally:
+                workers.stop()
+        lats = [(start - enq) * 1000.0 for start, enq in read_stamps(stamps)]
+        return {"p50_ms": percentile(lats, 50), "p99_ms": percentile(lats, 99), "max_ms": max(lats),
+                "samples": len(lats)}
+
+    return repeat(cfg, label, one)
+
+
+def _table_stats(c: psycopg.Connection) -> tuple[int, int]:
+    c.execute("SELECT pg_stat_clear_snapshot()")
+    return c.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                     "WHERE relname = 'leasequeue_job'").fetchone()
+
+
+def bench_hot(cfg: Config, dbs: Databases, workdir: str) -> list[dict]:
+    jobs, lease, seconds = 16, 1.5, cfg.hot_seconds
+
+    def one(rep: int) -> dict:
+        dbs.fresh()
+        with connect(cfg.db) as c:
+            _bulk_enqueue(2000)  # some finished neighbours, so the long jobs do not sit alone in the table
+            c.execute("UPDATE leasequeue_job SET status = 'done', finished_at = now()")
+            _bulk_enqueue(jobs, "sleep", [seconds])
+            c.execute("VACUUM ANALYZE leasequeue_job")
+            time.sleep(1.0)
+            before = _table_stats(c)
+            workers = Workers(cfg, 1, jobs, env={"LQBENCH_LEASE": str(lease)},
+                              log_path=os.path.join(workdir, f"hot-{rep}.log"))
+            try:
+                deadline = time.monotonic() + 60
+                while c.execute("SELECT count(*) FROM leasequeue_job WHERE status = 'leased'").fetchone()[0] < jobs:
+                    workers.check_alive()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("hot: jobs not claimed")
+                    time.sleep(0.02)
+                t_claimed = time.monotonic()
+                time.sleep(2.0)  # claims' statistics reach pg_stat (flushed at most once a second)
+                a = _table_stats(c)
+                time.sleep(max(0.5, seconds - 1.5 - (time.monotonic() - t_claimed)))
+                b = _table_stats(c)
+                while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job WHERE status IN ('ready', 'leased'))"
+                                ).fetchone()[0]:
+                    workers.check_alive()
+                    time.sleep(0.1)
+            finally:
+                workers.stop()
+            time.sleep(1.5)  # the worker's backends flush their statistics at exit
+            after = _table_stats(c)
+        upd, hot = b[0] - a[0], b[1] - a[1]
+        total_upd, total_hot = after[0] - before[0], after[1] - before[1]
+        heartbeats_total = total_upd - 2 * jobs  # every other update is a claim or a completion
+        return {"hot_ratio": hot / upd if upd else None, "window_updates": upd,
+                "run_hot_ratio_heartbeats": total_hot / heartbeats_total if heartbeats_total > 0 else None,
+                "run_updates": total_upd}
+
+    return repeat(cfg, "hot", one)
+
+
+SEED = """
+INSERT INTO leasequeue_job (
+    task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, leased_by, lease_version,
+    unique_scope, cancel_requested, snoozes, errors, history, created_at, started_at, attempted_at,
+    finished_at, result)
+SELECT 'bench.noop', 'default', 0,
+       CASE WHEN g %% 10 = 0 THEN 'ready' ELSE 'done' END, '[]', '{}',
+       CASE WHEN g %% 10 = 0 THEN now() + interval '1 day' + g * interval '1 ms'
+            ELSE now() - interval '2 hours' END,
+       CASE WHEN g %% 10 = 0 THEN 0 ELSE 1 END, 5, '', CASE WHEN g %% 10 = 0 THEN 0 ELSE 1 END,
+       'retained', false, 0, '[]', '[]', now() - interval '2 hours',
+       CASE WHEN g %% 10 = 0 THEN NULL ELSE now() - interval '2 hours' END,
+       CASE WHEN g %% 10 = 0 THEN NULL ELSE now() - interval '2 hours' END,
+       CASE WHEN g %% 10 = 0 THEN NULL ELSE now() - interval '1 hour' - (g %% 1000) * interval '1 minute' END,
+       NULL
+FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS g
+"""
+
+
+def _plan(sql: str, params: dict) -> tuple[str, float]:
+    """EXPLAIN ANALYZE ``sql`` inside a rolled-back transaction; return (plan text, execution ms)."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
+            text = "\n".join(r[0] for r in cur.fetchall())
+        transaction.set_rollback(True)
+    ms = next((float(line.split(":")[1].split()[0]) for line in text.splitlines()
+               if line.strip().startswith("Execution Time")), float("nan"))
+    return text, ms
+
+
+# Claim-cost sizes from this many rows up are measured in a cached database, built once.
+BIG = 5_000_000
+CACHE_VERSION = "1"
+
+
+def schema_signature(c: psycopg.Connection) -> str:
+    """What a cached large database must share with the template: the job table's columns and
+    indexes, the applied migrations and the seed (a change to any of them rebuilds the cache)."""
+    cols = c.execute("SELECT string_agg(attname || ':' || format_type(atttypid, atttypmod), ',' ORDER BY attnum) "
+                     "FROM pg_attribute WHERE attrelid = 'leasequeue_job'::regclass AND attnum > 0 "
+                     "AND NOT attisdropped").fetchone()[0]
+    idx = c.execute("SELECT string_agg(pg_get_indexdef(indexrelid), ';' ORDER BY indexrelid::regclass::text) "
+                    "FROM pg_index WHERE indrelid = 'leasequeue_job'::regclass").fetchone()[0]
+    migs = c.execute("SELECT string_agg(app || '.' || name, ',' ORDER BY app, name) FROM django_migrations"
+                     ).fetchone()[0]
+    return "|".join([CACHE_VERSION, cols, idx, migs, SEED])
+
+
+def _seed(c: psycopg.Connection, start: int, stop: int) -> None:
+    c.execute(SEED, {"start": start, "stop": stop})
+
+
+def ensure_big(cfg: Config, dbs: Databases, size: int) -> str:
+    """The cached database ``<db>_big<size>``: the template plus ``size`` finished/future rows,
+    ready for :func:`measure_claims` (rows added by an earlier run are deleted first). Built when
+    missing or when the schema changed: the secondary indexes are dropped, the rows inserted with
+    one ``INSERT ... SELECT generate_series``, the indexes rebuilt, then ``VACUUM (FREEZE, ANALYZE)``."""
+    name = f"{cfg.db}_big{size}"
+    with connect(cfg.template) as c:
+        want = schema_signature(c)
+    exists = False
+    with connect("postgres") as c:
+        exists = bool(c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone())
+    if exists:
+        with connect(name) as c:
+            row = c.execute("SELECT to_regclass('lqbench_cache') IS NOT NULL").fetchone()[0] and c.execute(
+                "SELECT signature, filler_max FROM lqbench_cache").fetchone()
+            if row and row[0] == want:
+                stray = c.execute("DELETE FROM leasequeue_job WHERE id > %s", [row[1]]).rowcount
+                if stray:
+                    c.execute("VACUUM ANALYZE leasequeue_job")
+                log(f"claim cost: reusing the cached {size:,}-row database {name}"
+                    f"{f' ({stray:,} rows of an earlier run deleted)' if stray else ''}")
+                return name
+        log(f"claim cost: the cached database {name} is out of date; rebuilding it")
+    t0 = time.monotonic()
+    dbs._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    dbs._admin(f'CREATE DATABASE "{name}" TEMPLATE "{cfg.template}"')
+    with connect(name) as c:
+        c.execute("SET maintenance_work_mem = '256MB'")
+        c.execute("ALTER TABLE leasequeue_job SET (autovacuum_enabled = false)")  # no vacuum mid-measurement
+        defs = c.execute("SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
+                         "WHERE indrelid = 'leasequeue_job'::regclass AND NOT indisprimary").fetchall()
+        for idx, _ in defs:
+            c.execute(f'DROP INDEX "{idx}"')
+        _seed(c, 1, size)
+        t_ins = time.monotonic() - t0
+        for _, ddl in defs:
+            c.execute(ddl)
+        t_idx = time.monotonic() - t0 - t_ins
+        c.execute("VACUUM (FREEZE, ANALYZE) leasequeue_job")
+        filler_max = c.execute("SELECT max(id) FROM leasequeue_job").fetchone()[0]
+        c.execute("CREATE TABLE lqbench_cache (signature text NOT NULL, filler_max bigint NOT NULL)")
+        c.execute("INSERT INTO lqbench_cache VALUES (%s, %s)", [want, filler_max])
+    log(f"claim cost: built {name} in {time.monotonic() - t0:.0f} s (insert {t_ins:.0f} s, "
+        f"indexes {t_idx:.0f} s, vacuum {time.monotonic() - t0 - t_ins - t_idx:.0f} s); later runs reuse it")
+    return name
+
+
+def drop_big(cfg: Config, dbs: Databases) -> None:
+    with connect("postgres") as c:
+        names = [r[0] for r in c.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                         [cfg.db.replace("_", r"\_") + r"\_big%"]).fetchall()]
+    for name in names:
+        log(f"dropping {name}")
+        dbs._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def measure_claims(cfg: Config, c: psycopg.Connection, size: int, workdir: str) -> dict:
+    """Time ``cfg.claim_reps`` claims of 10 due jobs (each completed, committed) in the current
+    Django database, which holds ``size`` filler rows; EXPLAIN ANALYZE the claim statement."""
+    from django.db import transaction
+
+    from django_leasequeue import store
+
+    _bulk_enqueue(cfg.claim_reps * 10 + 500)
+    c.execute("ANALYZE leasequeue_job")
+    size_mb = c.execute("SELECT pg_total_relation_size('leasequeue_job') / 1048576.0").fetchone()[0]
+    times = []
+    for i in range(cfg.claim_reps + 10):  # 10 warm-up rounds
+        # Timed inside a transaction: the statement, not the commit's WAL flush (which does not
+        # depend on the table size and, on a busy disk, would drown it).
+        with transaction.atomic():
+            t0 = time.perf_counter()
+            jobs = store.job_claim(queues=["default"], limit=10, worker_id="bench", lease=30)
+            if i >= 10:
+                times.append((time.perf_counter() - t0) * 1000.0)
+            assert len(jobs) == 10, len(jobs)
+            store.job_complete([(j.id, j.lease_version, None) for j in jobs])
+    plans = [_plan(store.JOB_CLAIM, {"now": None, "limit": 10, "worker": "bench", "lease": 30.0,
+                                     "queues": ["default"], "claim": "bench"}) for _ in range(5)]
+    plan, exec_ms = plans[-1][0], statistics.median(p[1] for p in plans)
+    with open(os.path.join(workdir, f"claim-plan-{size}.txt"), "w") as f:
+        f.write(plan)
+    row = {"rows": size, "claim_ms_p50": percentile(times, 50), "claim_ms_p95": percentile(times, 95),
+           "explain_exec_ms": exec_ms, "uses_ready_index": "leasequeue_job_ready" in plan,
+           "table_mib": float(size_mb), "plan": plan}
+    log(f"claim cost @ {size:,} ({size_mb:,.0f} MiB): p50 {row['claim_ms_p50']:.2f} ms, "
+        f"p95 {row['claim_ms_p95']:.2f} ms, EXPLAIN {exec_ms:.2f} ms, ready index used: {row['uses_ready_index']}")
+    return row
+
+
+def measure_prune(c: psycopg.Connection, size: int, workdir: str) -> dict:
+    """The retention pruner on a table of ``size`` seeded rows, in a rolled-back transaction (the
+    cached database stays as it is): 5 batches of 1,000."""
+    from django.db import transaction
+
+    from django_leasequeue import store
+
+    # The seeded finished rows finished 1 to ~17.6 hours ago, evenly: a retention of 17 hours makes
+    # ~3.5 % of them due for deletion, the pruner's usual situation (most finished rows are younger).
+    retention = 17 * 3600.0
+    plan, exec_ms = _plan(store.JOB_PRUNE, {"now": None, "age": retention, "limit": 1000})
+    prune_times, deleted = [], 0
+    with transaction.atomic():
+        for _ in range(5):
+            t0 = time.perf_counter()
+            n = store.job_prune(older_than=retention, limit=1000)
+            prune_times.append((time.perf_counter() - t0) * 1000.0)
+            deleted += n
+        transaction.set_rollback(True)
+    with open(os.path.join(workdir, "prune-plan.txt"), "w") as f:
+        f.write(plan)
+    log(f"prune @ {size:,}: {percentile(prune_times, 50):.1f} ms per batch ({deleted} rows in 5 batches), "
+        f"finished index used: {'leasequeue_job_finished' in plan}")
+    return {"prune_rows": size, "prune_batch_ms_p50": percentile(prune_times, 50), "prune_deleted": deleted,
+            "prune_explain_ms": exec_ms, "prune_uses_finished_index": "leasequeue_job_finished" in plan,
+            "plan": plan}
+
+
+def bench_claim_cost(cfg: Config, dbs: Databases, workdir: str) -> list[dict]:
+    """Claim cost against tables of finished (90 %) and future (10 %) rows: the small sizes grow
+    one fresh database; each size from ``BIG`` up is its own cached database (:func:`ensure_big`)."""
+    rows: list[dict] = []
+    small = [s for s in cfg.claim_sizes if s < BIG]
+    big = [s for s in cfg.claim_sizes if s >= BIG]
+    if small:
+        db = dbs.fresh()
+        with connect(db) as c:
+            c.execute("ALTER TABLE leasequeue_job SET (autovacuum_enabled = false)")
+            have = 0
+            for size in small:
+                t0 = time.monotonic()
+                for start in range(have + 1, size + 1, 1_000_000):
+                    _seed(c, start, min(size, start + 999_999))
+                have = size
+                c.execute("VACUUM ANALYZE leasequeue_job")
+                log(f"claim cost: {size:,} filler rows seeded and vacuumed in {time.monotonic() - t0:.1f} s")
+                rows.append(measure_claims(cfg, c, size, workdir))
+            if not big:
+                rows.append(measure_prune(c, size, workdir))
+    for size in big:
+        dbs.setup_django()
+        name = ensure_big(cfg, dbs, size)
+        dbs.use(name)
+        try:
+            with connect(name) as c:
+                rows.append(measure_claims(cfg, c, size, workdir))
+                if size == big[-1]:
+                    rows.append(measure_prune(c, size, workdir))
+                filler_max = c.execute("SELECT filler_max FROM lqbench_cache").fetchone()[0]
+                c.execute("DELETE FROM leasequeue_job WHERE id > %s", [filler_max])  # leave the cache as built
+                c.execute("VACUUM ANALYZE leasequeue_job")
+        finally:
+            dbs.use(cfg.db)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers
+# ---------------------------------------------------------------------------------------------
+
+
+# Peers that drain below ~150 jobs/s on this machine (end to end, as the harness measures it) run
+# with fewer jobs: 20,000 would take 2.5 to 9 minutes per repetition. Their rates are per second,
+# so they stay comparable; the table shows every system's job count.
+SLOW_PEERS = {"chancy": 2000, "django-q2": 2000}
+
+
+def run_peers(cfg: Config, workdir: str) -> list[dict]:
+    harness = os.path.join(cfg.peers_dir, "harness")
+    if not os.path.isfile(os.path.join(harness, "run_peer.py")):
+        log(f"peers harness not found at {harness}; skipping the peers")
+        return []
+    venv = os.environ.get("PEERS_VENV") or os.path.join(tempfile.gettempdir(), "leasequeue-peers-venv")
+    peers_py = os.path.join(venv, "bin", "python")
+    if cfg.peers and not os.path.exists(peers_py):
+        log(f"creating the peers' virtualenv in {venv} (first run only; pip-installs the peer queues)")
+        subprocess.run([os.path.join(cfg.peers_dir, "setup_venv.sh")], env={**os.environ, "PEERS_VENV": venv},
+                       check=True, stdout=sys.stderr)
+    raw = os.path.join(os.path.dirname(cfg.out), "peers_raw.jsonl")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    def common(system: str) -> list[str]:
+        n = min(cfg.peers_n, SLOW_PEERS.get(system, cfg.peers_n))
+        return ["--n", str(n), "--reps", str(cfg.peers_reps), "--lat-n", str(cfg.peers_lat_n), "--out", raw]
+
+    # Same concurrency as our 2 x 4 row where the peer has the knob (Procrastinate's default is 1).
+    # Without this benchmark's own variables (set when its in-process Django started): a peer that
+    # looks for DJANGO_SETTINGS_MODULE (Chancy's job processes do) would load lqbench.settings.
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE" and not k.startswith("LQBENCH_")}
+    env["PEERS_PROCRASTINATE_CONCURRENCY"] = os.environ.get("PEERS_PROCRASTINATE_CONCURRENCY", "4")
+    results = []
+    runs = [("leasequeue", [sys.executable, os.path.join(BENCH, "peer_adapter", "run_harness.py"), harness,
+                            "leasequeue", *common("leasequeue")])]
+    runs += [(s, [peers_py, os.path.join(harness, "run_peer.py"), s, *common(s)]) for s in cfg.peers]
+    for system, cmd in runs:
+        log(f"peers harness: {system} ({' '.join(cmd[-8:-2])})")
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+        if proc.returncode != 0 or line is None:
+            log(f"peers harness: {system} failed (exit {proc.returncode})")
+            results.append({"system": system, "error": True})
+            continue
+        results.append(json.loads(line))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    return "n/a" if v is None else f"{v:,.{nd}f}"
+
+
+def spread(runs: list[dict], key: str, nd: int = 0) -> str:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    if not vals:
+        return "n/a"
+    m = statistics.median(vals)
+    if len(vals) == 1:
+        return fmt(m, nd)
+    return f"{fmt(m, nd)} [{fmt(min(vals), nd)}-{fmt(max(vals), nd)}]"
+
+
+TARGETS = {
+    "enqueue single": ">= 2,500 /s",
+    "enqueue bulk": ">= 100,000 /s",
+    "drain 2x4": ">= 15,000 /s and >= 3x best peer",
+    "latency notify": "p50 <= 5 ms, p99 <= 20 ms",
+    "hot": ">= 90 %",
+    "claim": "10M within 2x of 10k",
+}
+
+
+def report(cfg: Config, results: dict) -> str:
+    out = []
+    w = out.append
+    w(f"# django-leasequeue benchmark ({'quick' if cfg.quick else 'full'}; median of {cfg.reps} "
+      f"[min-max]; {cfg.jobs:,} jobs per drain)")
+    w("")
+    w(f"Host: {os.cpu_count()} CPUs; load average at start {results['load_start']}, at end {results.get('load_end')}; "
+      f"PostgreSQL {results.get('server_version', '?')}, synchronous_commit={results.get('sync_commit', '?')}; "
+      f"run took {results.get('duration_s', 0) / 60:.1f} min ({results.get('started', '?')}).")
+    w("")
+    w("| row | result | target |")
+    w("|---|---|---|")
+    if "enqueue" in results:
+        r = results["enqueue"]
+        w(f"| enqueue single (one `enqueue()` per transaction), jobs/s | {spread(r, 'single_per_s')} "
+          f"| {TARGETS['enqueue single']} |")
+        w(f"| enqueue_many (10,000 in one statement), jobs/s | {spread(r, 'bulk_per_s')} | {TARGETS['enqueue bulk']} |")
+    for key, runs in results.get("drain", {}).items():
+        p, t, a = key
+        target = TARGETS["drain 2x4"] if (p, t) == (2, 4) else ""
+        w(f"| drain {cfg.jobs:,} no-op jobs, {p} process{'es' if p > 1 else ''} x {t} thread{'s' if t > 1 else ''}"
+          f"{' (ASYNC_COMPLETIONS)' if a else ''}, jobs/s | {spread(runs, 'jobs_per_s')} "
+          f"(jobs/claim {spread(runs, 'jobs_per_claim', 1)}, jobs/completion flush "
+          f"{spread(runs, 'jobs_per_completion_flush', 1)}) | {target} |")
+    for notify in (True, False):
+        runs = results.get("latency", {}).get(notify)
+        if runs:
+            name = "LISTEN/NOTIFY" if notify else "polling (`--no-notify`, 1 s poll)"
+            w(f"| enqueue-to-start latency, {name}, p50 / p99 ms ({cfg.lat_n} jobs) | {spread(runs, 'p50_ms', 1)} / "
+              f"{spread(runs, 'p99_ms', 1)} | {TARGETS['latency notify'] if notify else ''} |")
+    if "hot" in results:
+        runs = results["hot"]
+        pct = [{"v": r["hot_ratio"] * 100 if r["hot_ratio"] is not None else None,
+                "run": r["run_hot_ratio_heartbeats"] * 100 if r["run_hot_ratio_heartbeats"] is not None else None}
+               for r in runs]
+        w(f"| HOT heartbeat updates (16 long jobs, lease 1.5 s), % | {spread(pct, 'v', 1)} "
+          f"(whole run, claims and completions excluded: {spread(pct, 'run', 1)}) | {TARGETS['hot']} |")
+    for row in results.get("claim", []):
+        if "rows" in row:
+            w(f"| claim 10 jobs with {row['rows']:,} finished/future rows in the table, ms per statement | "
+              f"p50 {row['claim_ms_p50']:.2f}, p95 {row['claim_ms_p95']:.2f} (server execution "
+              f"{row['explain_exec_ms']:.2f}; "
+              f"`leasequeue_job_ready` used: {'yes' if row['uses_ready_index'] else 'NO'}) | "
+              f"{TARGETS['claim'] if row is results['claim'][0] else ''} |")
+        else:
+            w(f"| retention prune (`job_prune`, batches of 1,000) with {row['prune_rows']:,} rows, ms per batch | "
+              f"{row['prune_batch_ms_p50']:.1f} ({row['prune_deleted']:,} rows deleted in 5 batches; "
+              f"`leasequeue_job_finished` used: {'yes' if row['prune_uses_finished_index'] else 'NO'}) | |")
+    for key, runs in results.get("drain", {}).items():
+        if key == (1, 16, False):
+            w(f"| peak RSS of a worker process with 16 threads (VmHWM), MiB | {spread(runs, 'peak_rss_mb', 1)} | |")
+    if results.get("profile"):
+        w("")
+        w(f"## Profile of the 2 x 4 drain (py-spy, one extra run at "
+          f"{results['profile_run'][0]['jobs_per_s']:,.0f} jobs/s under the profiler)")
+        w("")
+        w(results["profile"])
+    peers = results.get("peers")
+    if peers:
+        w("")
+        w(f"## Peer queues, same harness (median of {cfg.peers_reps} rep(s), {cfg.peers_lat_n} trickle jobs "
+          f"per rep; `{os.path.relpath(cfg.peers_dir, REPO)}`)")
+        w("")
+        w("| system | jobs | enqueue single /s | enqueue bulk /s | drain /s | latency p50 ms | latency p99 ms "
+          "| workers |")
+        w("|---|---|---|---|---|---|---|---|")
+        for r in peers:
+            if r.get("error"):
+                w(f"| {r['system']} | error | | | | | | |")
+                continue
+            w(f"| {r['system']} | {fmt(r.get('n'))} | {fmt(r.get('enqueue_single_per_s'))} | "
+              f"{fmt(r.get('enqueue_bulk_per_s'))} | "
+              f"{fmt(r.get('drain_per_s'))} | {fmt(r.get('latency_p50_ms'), 1)} | {fmt(r.get('latency_p99_ms'), 1)} | "
+              f"{r.get('worker_desc', '')} |")
+        ours = next((r for r in peers if r["system"] == "leasequeue" and not r.get("error")), None)
+        own_drain = results.get("drain", {}).get((2, 4, False))
+        own = median([x["jobs_per_s"] for x in own_drain]) if own_drain else None
+        if ours:
+            w("")
+            w("Ratios ours/peer (enqueue, drain: higher is better; latency: lower is better). "
+              "`drain (bench)` uses this benchmark's own 2 x 4 drain figure.")
+            w("")
+            w("| peer | enqueue single | enqueue bulk | drain (harness) | drain (bench 2x4) "
+              "| latency p50 | latency p99 |")
+            w("|---|---|---|---|---|---|---|")
+
+            def ratio(a: float | None, b: float | None) -> str:
+                return "n/a" if not a or not b else f"{a / b:,.2f}"
+
+            for r in peers:
+                if r is ours or r.get("error"):
+                    continue
+                w(f"| {r['system']} | {ratio(ours.get('enqueue_single_per_s'), r.get('enqueue_single_per_s'))} | "
+                  f"{ratio(ours.get('enqueue_bulk_per_s'), r.get('enqueue_bulk_per_s'))} | "
+                  f"{ratio(ours.get('drain_per_s'), r.get('drain_per_s'))} | {ratio(own, r.get('drain_per_s'))} | "
+                  f"{ratio(ours.get('latency_p50_ms'), r.get('latency_p50_ms'))} | "
+                  f"{ratio(ours.get('latency_p99_ms'), r.get('latency_p99_ms'))} |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+
+DOCS = os.path.join(REPO, "docs", "performance.md")
+DOCS_START, DOCS_END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+
+
+def write_docs(text: str) -> None:
+    """Replace the measured table in docs/performance.md (between its bench-results markers), its
+    headings demoted to fit under the page's own."""
+    with open(DOCS) as f:
+        page = f.read()
+    if DOCS_START not in page or DOCS_END not in page:
+        raise SystemExit(f"{DOCS} has no {DOCS_START} ... {DOCS_END} markers")
+    body = "\n".join("###" + line[1:] if line.startswith("# ") else "####" + line[2:] if line.startswith("## ")
+                     else line for line in text.splitlines())
+    head, rest = page.split(DOCS_START, 1)
+    tail = rest.split(DOCS_END, 1)[1]
+    with open(DOCS, "w") as f:
+        f.write(f"{head}{DOCS_START}\n{body}\n{DOCS_END}{tail}")
+    log(f"table written into {DOCS}")
+
+
+def _terminate(signum, frame):  # run the finally blocks (stop workers) on SIGTERM/SIGHUP
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    cfg = parse_args(argv)
+    t_start = time.monotonic()
+    if cfg.drop_cache:
+        drop_big(cfg, Databases(cfg))
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="leasequeue-bench-")
+    results: dict = {"load_start": load_average(), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    with connect("postgres") as c:
+        results["server_version"] = c.execute("SHOW server_version").fetchone()[0]
+        results["sync_commit"] = c.execute("SHOW synchronous_commit").fetchone()[0]
+    log(f"sections {sorted(cfg.sections)}; logs in {workdir}; load {results['load_start']}")
+    dbs = Databases(cfg)
+    needs_db = cfg.sections - {"peers"}
+    try:
+        if needs_db:
+            dbs.prepare()
+        if "enqueue" in cfg.sections:
+            results["enqueue"] = bench_enqueue(cfg, dbs)
+        if "drain" in cfg.sections:
+            results["drain"] = {}
+            for p, t, a in cfg.drains:
+                results["drain"][(p, t, a)] = bench_drain(cfg, dbs, p, t, a, workdir)
+            if cfg.profile:
+                base = os.path.join(workdir, "profile-2x4")
+                log(f"profiling one more 2 x 4 drain with py-spy ({py_spy()})")
+                results["profile_run"] = bench_drain(cfg, dbs, 2, 4, False, workdir, profile_to=base)
+                results["profile"] = summarize_profile(glob.glob(base + ".*.txt"))
+        if "latency" in cfg.sections:
+            results["latency"] = {n: bench_latency(cfg, dbs, n, workdir) for n in (True, False)}
+        if "hot" in cfg.sections:
+            results["hot"] = bench_hot(cfg, dbs, workdir)
+        if "claim" in cfg.sections:
+            results["claim"] = bench_claim_cost(cfg, dbs, workdir)
+    finally:
+        if needs_db and not cfg.keep:
+            dbs.drop_all()
+    if "peers" in cfg.sections:
+        results["peers"] = run_peers(cfg, workdir)
+    results["load_end"] = load_average()
+    results["duration_s"] = time.monotonic() - t_start
+    text = report(cfg, results)
+    print(text, flush=True)
+    table_path = os.path.splitext(cfg.out)[0] + ".md"
+    with open(table_path, "w") as f:
+        f.write(text + "\n")
+    log(f"table written to {table_path}")
+    if cfg.write_docs:
+        write_docs(text)
+    serialisable = {**results}
+    if "drain" in serialisable:
+        serialisable["drain"] = {f"{p}x{t}{'-async' if a else ''}": v for (p, t, a), v in results["drain"].items()}
+    if "latency" in serialisable:
+        serialisable["latency"] = {("notify" if k else "polling"): v for k, v in results["latency"].items()}
+    with open(cfg.out, "w") as f:
+        json.dump({"config": {k: v for k, v in vars(cfg).items() if k != "drains"}, "results": serialisable,
+                   "table": text}, f, indent=1, default=str)
+    log(f"raw results: {cfg.out}; worker logs and plans: {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

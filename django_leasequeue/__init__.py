@@ -28,6 +28,7 @@ _EXPORTS = {
     "ArgumentsMismatch": "exceptions",
     "PayloadTooLarge": "exceptions",
     "UnknownTask": "exceptions",
+    "NotMigrated": "exceptions",
     "LeaseLost": "exceptions",
     "JobCancelled": "exceptions",
     "Snooze": "exceptions",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .exceptions import JobCancelled as JobCancelled
     from .exceptions import LeaseLost as LeaseLost
     from .exceptions import LeaseQueueError as LeaseQueueError
+    from .exceptions import NotMigrated as NotMigrated
     from .exceptions import PayloadNotSerializable as PayloadNotSerializable
     from .exceptions import PayloadTooLarge as PayloadTooLarge
     from .exceptions import Snooze as Snooze

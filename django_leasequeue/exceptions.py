@@ -6,6 +6,8 @@ catch the whole family in one clause.
 
 from __future__ import annotations
 
+from django.db.utils import ProgrammingError
+
 
 class LeaseQueueError(Exception):
     """Base class of every django-leasequeue error."""
@@ -13,6 +15,11 @@ class LeaseQueueError(Exception):
 
 class ConfigurationError(LeaseQueueError):
     """The ``LEASEQUEUE`` setting or a task declaration is invalid."""
+
+
+class NotMigrated(ConfigurationError, ProgrammingError):
+    """The job table or the ``leasequeue_now()`` function does not exist in the database: run
+    ``manage.py migrate``. A ``ProgrammingError`` too, so code catching database errors still does."""
 
 
 class EnqueueError(LeaseQueueError, ValueError):

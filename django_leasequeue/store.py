@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, ProgrammingError, connections, router, transaction
 from django.db.backends.utils import CursorWrapper
+from psycopg import errors
 
+from .exceptions import NotMigrated
 from .models import Job, QueueState, Schedule, WorkerProcess
 
 if TYPE_CHECKING:
@@ -58,6 +61,21 @@ def db_alias() -> str:
 
 def _cursor(alias: str | None = None) -> CursorWrapper:
     return connections[alias or db_alias()].cursor()
+
+
+@contextmanager
+def _schema_required(alias: str | None) -> Iterator[None]:
+    """Turn "relation leasequeue_job / function leasequeue_now() does not exist" into
+    :class:`NotMigrated`, which says to run ``migrate`` (the usual first mistake of a new project:
+    enqueueing before migrating). Other errors pass unchanged."""
+    try:
+        yield
+    except ProgrammingError as exc:
+        if isinstance(exc.__cause__, (errors.UndefinedTable, errors.UndefinedFunction)) and "leasequeue" in str(exc):
+            first_line = str(exc).strip().splitlines()[0]
+            raise NotMigrated(f"django-leasequeue's tables are missing in database {alias or db_alias()!r} "
+                              f"({first_line}): run `manage.py migrate`") from exc
+        raise
 
 
 def _dumps(value: Any) -> str:
@@ -174,7 +192,7 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
         "schedule_id": [j.schedule_id for j in jobs],
         "occurrence_at": [j.occurrence_at for j in jobs],
     }
-    with _cursor(alias) as cur:
+    with _schema_required(alias), _cursor(alias) as cur:
         cur.execute(JOB_INSERT, params)
         rows = cur.fetchall()
     return _jobs_from_rows(rows, alias)
@@ -238,7 +256,7 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
                   delay=float(job.delay))
     sql = _INSERT_ONE[job.unique_key is not None]
-    with _cursor(alias) as cur:
+    with _schema_required(alias), _cursor(alias) as cur:
         cur.execute(sql, params)
         row = cur.fetchone()
     if row is None:
@@ -315,7 +333,7 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
     params.update(now=now, notify=notify, channel=channel, args=args_json, kwargs=kwargs_json,
                   delay=float(template.delay), want_ids=want_ids)
     sql = _INSERT_MANY[template.unique_key is not None]
-    with _cursor(alias) as cur:
+    with _schema_required(alias), _cursor(alias) as cur:
         cur.execute(sql, params)
         count, ids, _ = cur.fetchone()
     return count, ([int(x) for x in ids.split(",")] if ids else [])

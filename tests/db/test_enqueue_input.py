@@ -258,3 +258,23 @@ def test_bad_argument_is_named_by_parameter_and_by_index_past_the_named_ones():
         enqueue(varargs, [1, 2, {"k": Decimal(1)}])
     with pytest.raises(PayloadNotSerializable, match=r"^keyword argument 'options' is a decimal\.Decimal"):
         enqueue(varargs, [1], {"options": Decimal(1)})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("missing", ["function", "table"])
+def test_enqueue_before_migrate_says_to_run_migrate(missing):
+    # A new project's first mistake: the message names migrate, not "function leasequeue_now() does
+    # not exist". The schema is hidden inside a transaction that is rolled back afterwards.
+    from django.db import connection, transaction
+
+    from django_leasequeue import NotMigrated, enqueue_many
+
+    hide = {"function": "ALTER FUNCTION leasequeue_now() RENAME TO leasequeue_now_hidden",
+            "table": "ALTER TABLE leasequeue_job RENAME TO leasequeue_job_hidden"}[missing]
+    for attempt in (lambda: record.enqueue("x"), lambda: enqueue_many(record, [["a"], ["b"]])):
+        with pytest.raises(NotMigrated, match=r"tables are missing in database 'default' .*run `manage.py migrate`"):
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute(hide)
+                attempt()
+    assert Job.objects.count() == 0

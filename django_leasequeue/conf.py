@@ -262,6 +262,11 @@ def build(raw: dict[str, Any] | None) -> Settings:
             or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise ConfigurationError(f"LEASEQUEUE['MAX_ATTEMPTS'] must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
                                  f"got {max_attempts!r}")
+    max_payload = merged["MAX_PAYLOAD_BYTES"]
+    if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
+        raise ConfigurationError(
+            f"LEASEQUEUE['MAX_PAYLOAD_BYTES'] must be an int >= 0 (0: no limit), got {max_payload!r}"
+        )
     queues = merged["QUEUES"]
     if queues is not None:
         if isinstance(queues, (list, tuple, set, frozenset)):
@@ -290,7 +295,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         shutdown_grace=merged["SHUTDOWN_GRACE"],
         queues=queues,
         default_queue=str(merged["DEFAULT_QUEUE"]),
-        max_payload_bytes=int(merged["MAX_PAYLOAD_BYTES"]),
+        max_payload_bytes=max_payload,
         notify=bool(merged["NOTIFY"]),
         notify_channel=str(merged["NOTIFY_CHANNEL"]),
         retention=merged["RETENTION"],

@@ -234,3 +234,70 @@ def adv_fenced_commit_fails(context: JobContext, key: str) -> str:
         Invoice.objects.create(account_id=-1, period="2026-11", amount_cents=1, job_id=context.job_id,
                                lease_version=context.lease_version)
     return "unreachable"
+
+
+# ---- reliability suite (tests/chaos/, issue 6) ----
+
+
+@task(name="qa.chaos", takes_context=True, max_attempts=25, backoff=Backoff(base=0.05, factor=2, max=0.5))
+def chaos(context: JobContext, work: float = 0.0) -> None:
+    """The chaos suite's workload (tests/chaos): work ``work`` seconds, then commit one
+    :class:`Effect` keyed by job id and token inside ``fenced_atomic()``, together with the job's
+    completion. A refused commit (stale token) leaves a ``Probe(kind="fenced", ok=False)`` row, so
+    the ledger can check that no effect exists for that token. ``max_attempts`` is high and the
+    backoff short: faults (a dropped connection inside the handler) cost an attempt, and the suite
+    asserts that every job still ends ``done``."""
+    if work:
+        time.sleep(work)
+    try:
+        with context.fenced_atomic():
+            Effect.objects.create(key=f"job-{context.job_id}", job_id=context.job_id,
+                                  lease_version=context.lease_version)
+    except LeaseLost:
+        Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced", ok=False)
+        raise
+
+
+def _recurse(depth: int = 0) -> int:
+    return _recurse(depth + 1) + 1
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+_POISON = {
+    "SystemExit": lambda: _raise(SystemExit(3)),
+    "KeyboardInterrupt": lambda: _raise(KeyboardInterrupt()),
+    "RecursionError": _recurse,  # genuine: recurses until the interpreter's limit
+    "MemoryError": lambda: bytearray(1 << 60),  # genuine: the allocator refuses an exabyte at once
+    "os._exit": lambda: os._exit(1),
+    "segfault": lambda: __import__("ctypes").string_at(0),  # SIGSEGV: the process dies (-11)
+}
+
+
+@task(name="qa.hostile", takes_context=True, max_attempts=2, backoff=0.05)
+def hostile(context: JobContext, kind: str) -> None:
+    """A poison handler (issue 6, "hostile input"): raises a ``BaseException`` the worker must
+    treat as a failed attempt, or takes its whole process down (``os._exit``, a segfault), which
+    only a lease expiry can detect. Every run is counted in :class:`Execution`."""
+    _record(context, kind)
+    _POISON[kind]()
+
+
+@task(name="qa.hang_forever", takes_context=True, max_attempts=3, timeout=1, backoff=0.05)
+def hang_forever(context: JobContext) -> None:
+    """Hang for good on the first attempt, blocked on an event nobody sets (``timeout=1`` stops
+    its heartbeats); the retry returns at once."""
+    _record(context, "hang_forever")
+    if context.attempt == 1:
+        threading.Event().wait()
+
+
+@task(name="qa.digest", max_attempts=1)
+def digest(blob: str, items: list[object] | None = None) -> dict[str, object]:
+    """Return the length and SHA-256 of ``blob`` and the number of ``items`` (case C24: a big
+    payload arrives intact)."""
+    import hashlib
+
+    return {"len": len(blob), "sha256": hashlib.sha256(blob.encode()).hexdigest(), "items": len(items or [])}

@@ -1,0 +1,397 @@
+"""The chaos harness: a fleet of real ``runworker`` processes, a workload of fenced effects, fault
+injectors, and the ledger that must balance at the end (issue 6).
+
+The workload is the ``qa.chaos`` task (``testproject/qa/tasks.py``): each job commits one
+``Effect`` row keyed by its id and fencing token inside ``ctx.fenced_atomic()``, together with its
+``done``; a commit refused for a stale token leaves a ``Probe(kind="fenced", ok=False)`` row. So
+at the end, whatever was killed, frozen or cut off:
+
+* every job is ``done``, ``dead`` or ``cancelled`` (nothing ``ready``/``leased`` is left);
+* every ``done`` job has exactly one effect, written under its final token;
+* a job that is not ``done`` has no effect, and no effect exists under a token whose write was
+  refused (a ``Probe`` or a ``lease_lost`` note in the job's history names that token);
+* the number of jobs equals the number enqueued.
+
+Times that go into the results (fault instants, recoveries) are read from the database clock,
+because that is the only clock the queue uses.
+
+Each test records a row of ``build/reliability.json`` with :func:`record`;
+``python -m tests.chaos.report`` renders them as the table in ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from qa.models import Effect, Probe
+
+from django_leasequeue import enqueue_many, store
+from django_leasequeue.models import Job, WorkerProcess
+from tests.support import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "build" / "reliability.json"
+
+# Short leases and a fast embedded reaper, so that a fault costs seconds; SHUTDOWN_GRACE bounds a
+# graceful stop. Every worker process gets these unless a test overrides them.
+CHAOS_ENV = {
+    "LEASEQUEUE_LEASE": "2",
+    "LEASEQUEUE_REAPER_INTERVAL": "0.5",
+    "LEASEQUEUE_POLL_INTERVAL": "0.5",
+    "LEASEQUEUE_SHUTDOWN_GRACE": "3",
+}
+LEASE = float(CHAOS_ENV["LEASEQUEUE_LEASE"])
+
+ACTIVE = ("ready", "leased")
+
+
+def scaled(n: int) -> int:
+    """``n`` times ``LEASEQUEUE_CHAOS_SCALE`` (default 1): the suite's sizes fit a few minutes on
+    a loaded 2-core machine; a bigger machine, or a nightly run, can multiply them."""
+    return max(1, round(n * float(os.environ.get("LEASEQUEUE_CHAOS_SCALE", "1"))))
+FINISHED = ("done", "dead", "cancelled")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload
+# ---------------------------------------------------------------------------------------------
+
+
+def enqueue_chaos(n: int, *, seed: int, long_share: float = 0.005, long_work: tuple[float, float] = (1.0, 3.0),
+                  short_share: float = 0.1, short_work: tuple[float, float] = (0.01, 0.08),
+                  max_attempts: int | None = None, queue: str | None = None) -> list[int]:
+    """Enqueue ``n`` ``qa.chaos`` jobs in one statement; return their ids (in id order).
+
+    Most jobs do no work beyond their fenced commit; ``short_share`` of them sleep a few
+    milliseconds (so threads are caught mid-job) and ``long_share`` sleep one to three seconds,
+    longer than a heartbeat interval (so faults also land mid-heartbeat). ``seed`` makes the mix
+    reproducible.
+    """
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        r = rng.random()
+        if r < long_share:
+            work = round(rng.uniform(*long_work), 3)
+        elif r < long_share + short_share:
+            work = round(rng.uniform(*short_work), 3)
+        else:
+            work = 0.0
+        items.append(([], {"work": work} if work else {}))
+    before = set(Job.objects.filter(task="qa.chaos").values_list("id", flat=True))
+    options = {"max_attempts": max_attempts} if max_attempts else {}
+    if queue:
+        options["queue"] = queue
+    assert enqueue_many("qa.chaos", items, **options) == n
+    ids = sorted(set(Job.objects.filter(task="qa.chaos").values_list("id", flat=True)) - before)
+    assert len(ids) == n
+    return ids
+
+
+def remaining(task: str | None = "qa.chaos") -> int:
+    """Jobs still ``ready`` or ``leased`` (of ``task``; of every task when None)."""
+    qs = Job.objects.filter(status__in=ACTIVE)
+    return (qs.filter(task=task) if task else qs).count()
+
+
+def finished_count(task: str = "qa.chaos") -> int:
+    return Job.objects.filter(task=task, status__in=FINISHED).count()
+
+
+def wait_drained(timeout: float, *, task: str | None = "qa.chaos", tick: Callable[[], None] | None = None,
+                 interval: float = 0.25) -> float:
+    """Wait until no job (of ``task``) is ``ready`` or ``leased``; call ``tick()`` between polls
+    (fault injection, supervision). Returns the seconds waited; fails the test on timeout with the
+    counts left."""
+    start = time.monotonic()
+    while remaining(task):
+        if time.monotonic() - start > timeout:
+            left = Counter(Job.objects.filter(status__in=ACTIVE).values_list("status", flat=True))
+            pytest.fail(f"queue not drained after {timeout:.0f}s: {dict(left)} left")
+        if tick is not None:
+            tick()
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def db_now() -> datetime:
+    """The database clock of the test's connection (what the queue's statements read)."""
+    return store.db_now()
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker fleet
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Member:
+    """One worker process of a :class:`Fleet`."""
+
+    name: str
+    proc: object  # tests.conftest.WorkerProcess
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def running(self) -> bool:
+        return self.proc.running
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def registered(self) -> bool:
+        """True once the worker has written its registry row (it is claiming)."""
+        return WorkerProcess.objects.filter(id__endswith=f":{self.name}", pid=self.pid).exists()
+
+
+class Fleet:
+    """Named ``runworker`` processes started through the ``spawn`` fixture.
+
+    Each one gets ``--worker-id <name>`` (so ``leased_by`` ends with ``:<name>``) and
+    ``PGAPPNAME=chaos-<name>`` (so its database sessions can be found in ``pg_stat_activity``).
+    """
+
+    def __init__(self, spawn: Callable[..., object], *, concurrency: int = 4, env: dict[str, str] | None = None,
+                 prefix: str = "w", args: tuple[str, ...] = ()) -> None:
+        self.spawn = spawn
+        self.concurrency = concurrency
+        self.args = args  # extra runworker options, e.g. ("--queues", "a,b")
+        self.env = {**CHAOS_ENV, **(env or {})}
+        self.prefix = prefix
+        self.members: list[Member] = []
+        self.kills = 0
+
+    def start(self, *, env: dict[str, str] | None = None, name: str | None = None,
+              args: tuple[str, ...] | None = None) -> Member:
+        """Start one more worker; ``args`` replaces the fleet's extra runworker options for it."""
+        name = name or f"{self.prefix}{len(self.members) + 1}"
+        full_env = {**self.env, "PGAPPNAME": f"chaos-{name}", **(env or {})}
+        proc = self.spawn("runworker", "--concurrency", str(self.concurrency), "--worker-id", name,
+                          *(self.args if args is None else args), env=full_env)
+        member = Member(name, proc)
+        self.members.append(member)
+        return member
+
+    def start_reaper(self) -> object:
+        """A standalone ``runreaper`` sweeping every 0.5 s, which faults never hit: recovery from
+        a kill then depends on the lease alone, not on whether some worker is up to reap."""
+        return self.spawn("runreaper", "--interval", CHAOS_ENV["LEASEQUEUE_REAPER_INTERVAL"],
+                          env={**self.env, "PGAPPNAME": "chaos-reaper"})
+
+    def live(self) -> list[Member]:
+        return [m for m in self.members if m.running]
+
+    def wait_registered(self, members: Iterable[Member] | None = None, timeout: float = 90) -> None:
+        """Wait until these workers (default: every live one) are registered and claiming."""
+        pending = list(members if members is not None else self.live())
+        deadline = time.monotonic() + timeout
+        while pending:
+            dead = [m for m in pending if not m.running]
+            if dead:
+                pytest.fail(f"worker {dead[0].name} exited during start-up:\n{dead[0].proc.output()}")
+            pending = [m for m in pending if not m.registered()]
+            if time.monotonic() > deadline:
+                pytest.fail(f"workers {[m.name for m in pending]} not registered after {timeout}s")
+            time.sleep(0.2)
+
+    def sigkill(self, member: Member) -> None:
+        """SIGKILL ``member``, then wait until its database sessions are gone: a statement it sent
+        just before dying (a claim, a COMMIT) may still run on the server until then, so only
+        afterwards do its rows hold still."""
+        member.proc.kill()
+        self.kills += 1
+        wait_for(lambda: not [b for b in backends() if b[1] == f"chaos-{member.name}"], timeout=60, interval=0.02,
+                 what=f"the sessions of killed worker {member.name} to end")
+
+    def stop(self, timeout: float = 60) -> dict[str, tuple[int, float]]:
+        """SIGTERM every live worker at once; return ``{name: (exit code, seconds to exit)}``."""
+        live = self.live()
+        start = time.monotonic()
+        for m in live:
+            m.proc.signal(signal.SIGTERM)
+        result = {}
+        for m in live:
+            code = m.proc.wait(timeout)
+            result[m.name] = (code, time.monotonic() - start)
+        return result
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lease a worker held when a fault hit it."""
+
+    job_id: int
+    token: int
+    attempt: int
+    worker: str  # leased_by (host:pid:name)
+
+
+def held_by(name: str) -> list[Held]:
+    """The leases worker ``name`` holds right now."""
+    return [Held(*row) for row in Job.objects.filter(status="leased", leased_by__endswith=f":{name}")
+            .values_list("id", "lease_version", "attempts", "leased_by")]
+
+
+def reaped_at(held: Held) -> datetime | None:
+    """When the reaper took that lease back (database time of the attempt's ``LeaseExpired``
+    error entry), or None if it did not expire (its worker finished or released it first)."""
+    errors = Job.objects.values_list("errors", flat=True).get(pk=held.job_id)
+    for entry in errors:
+        if (entry.get("type"), entry.get("attempt"), entry.get("worker")) == ("LeaseExpired", held.attempt,
+                                                                               held.worker):
+            return datetime.fromisoformat(entry["at"])
+    return None
+
+
+def backends(app_prefix: str = "chaos-") -> list[tuple[int, str, str, str]]:
+    """Worker sessions of the test database: ``(pid, application_name, state, query)``."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pid, application_name, coalesce(state, ''), coalesce(query, '') FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE %s",
+            [app_prefix + "%"],
+        )
+        return cur.fetchall()
+
+
+def terminate(pid: int) -> bool:
+    """``pg_terminate_backend(pid)``: True if the session existed."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+        return bool(cur.fetchone()[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Ledger
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ledger:
+    """The books of a chaos run (``qa.chaos`` jobs only)."""
+
+    enqueued: int
+    jobs: int
+    statuses: dict[str, int]
+    effects: int
+    duplicate_effects: int  # effects beyond one per done job, on jobs not done, or under a stale token
+    refused_tokens: int  # (job, token) pairs whose write was refused (probes + lease_lost notes)
+    effects_under_refused: int
+    lease_expiries: int  # LeaseExpired error entries (attempts ended by the reaper)
+    failed_attempts: int  # other error entries (handler raised, e.g. a dropped connection)
+    retried_jobs: int  # jobs with more than one attempt
+    under_refused: list[str] = field(default_factory=list)  # what refused the tokens that have an effect
+
+    @property
+    def lost(self) -> int:
+        """Enqueued jobs not accounted for: missing rows, or rows still ready/leased."""
+        return self.enqueued - sum(self.statuses.get(s, 0) for s in FINISHED)
+
+
+def ledger(ids: list[int]) -> Ledger:
+    """Read the books for the ``qa.chaos`` jobs ``ids`` (the workload of this run)."""
+    wanted = set(ids)
+    jobs = {j["id"]: j for j in Job.objects.filter(id__in=ids).values(
+        "id", "status", "lease_version", "history", "errors", "attempts")}
+    effects: dict[int, list[int]] = defaultdict(list)
+    for job_id, token in Effect.objects.filter(job_id__in=wanted).values_list("job_id", "lease_version"):
+        effects[job_id].append(token)
+    refused: dict[tuple[int, int], str] = dict.fromkeys(
+        Probe.objects.filter(job_id__in=wanted, kind="fenced", ok=False).values_list("job_id", "lease_version"),
+        "fenced probe")
+    for job in jobs.values():
+        for event in job["history"]:
+            if event.get("event") == "lease_lost":
+                refused.setdefault((job["id"], event["token"]), f"lease_lost note ({event.get('write')})")
+    duplicates = 0
+    for job_id, tokens in effects.items():
+        job = jobs.get(job_id)
+        if job is None or job["status"] != "done":
+            duplicates += len(tokens)
+            continue
+        duplicates += len(tokens) - 1
+        duplicates += sum(1 for t in tokens if t != job["lease_version"])
+    under_refused = [f"job {job_id} token {token}: {how}" for (job_id, token), how in refused.items()
+                     if token in effects.get(job_id, ())]
+    expiries = failed = 0
+    for job in jobs.values():
+        for entry in job["errors"]:
+            if entry.get("type") == "LeaseExpired":
+                expiries += 1
+            else:
+                failed += 1
+    return Ledger(
+        enqueued=len(ids), jobs=len(jobs), statuses=dict(Counter(j["status"] for j in jobs.values())),
+        effects=sum(len(t) for t in effects.values()), duplicate_effects=duplicates, refused_tokens=len(refused),
+        effects_under_refused=len(under_refused), under_refused=under_refused, lease_expiries=expiries,
+        failed_attempts=failed,
+        retried_jobs=sum(1 for j in jobs.values() if j["attempts"] > 1),
+    )
+
+
+def assert_balanced(books: Ledger, *, done: int | None = None) -> None:
+    """The ledger rules of the module docstring, exactly. ``done``: the exact number of done jobs
+    expected (default: every job not cancelled or dead)."""
+    assert books.jobs == books.enqueued, f"rows missing: {books}"
+    assert books.lost == 0, f"jobs not finished: {books}"
+    assert set(books.statuses) <= set(FINISHED), books
+    if done is not None:
+        assert books.statuses.get("done", 0) == done, books
+    assert books.effects == books.statuses.get("done", 0), books
+    assert books.duplicate_effects == 0, books
+    assert books.effects_under_refused == 0, books
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+def record(key: str, *, fault: str, jobs: int, faults: int, books: Ledger | None, recovery: float | None,
+           recovery_meaning: str, notes: str = "", **extra: object) -> dict:
+    """Write this run's row of ``build/reliability.json`` (rows are keyed by ``key``; a new run of
+    the same test replaces its row). Returns the row."""
+    row = {
+        "key": key, "fault": fault, "jobs": jobs, "faults": faults,
+        "lost": books.lost if books else 0,
+        "duplicate_effects": books.duplicate_effects if books else 0,
+        "refused_writes": books.refused_tokens if books else 0,
+        "lease_expiries": books.lease_expiries if books else 0,
+        "failed_attempts": books.failed_attempts if books else 0,
+        "recovery_s": None if recovery is None else round(recovery, 2),
+        "recovery_meaning": recovery_meaning, "notes": notes,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_average": round(os.getloadavg()[0], 2),
+        **extra,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(RESULTS.read_text())
+    except (FileNotFoundError, ValueError):
+        data = {"rows": {}}
+    data.setdefault("rows", {})[key] = row
+    data["cpu_count"] = os.cpu_count()
+    with connection.cursor() as cur:
+        cur.execute("SHOW server_version")
+        data["postgresql"] = cur.fetchone()[0]
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.replace(RESULTS)
+    return row
+
+
+def seconds(a: datetime, b: datetime) -> float:
+    """``b - a`` in seconds."""
+    return (b - a).total_seconds()

@@ -1,0 +1,89 @@
+"""Chaos: handlers that hang for good (DESIGN.md invariant 5: heartbeat bounded by progress).
+
+``qa.hang_forever`` has ``timeout=1`` and blocks its first attempt on an event nobody sets. At the
+timeout the worker stops renewing the lease and gives the thread's slot back; the lease expires,
+the reaper returns the job, and it is retried by another worker. A worker with a thread still
+blocked in a handler stops (``--burst`` when idle, or SIGTERM) within the shutdown grace period.
+"""
+
+
+import pytest
+from qa.models import Execution
+
+from django_leasequeue import enqueue
+from django_leasequeue.models import Job
+from tests.chaos.harness import (
+    CHAOS_ENV,
+    Fleet,
+    assert_balanced,
+    db_now,
+    enqueue_chaos,
+    ledger,
+    record,
+    scaled,
+    seconds,
+    wait_drained,
+)
+from tests.support import job_in, wait_for
+
+pytestmark = [pytest.mark.chaos, pytest.mark.process]
+
+JOBS = scaled(300)
+GRACE = float(CHAOS_ENV["LEASEQUEUE_SHUTDOWN_GRACE"])
+TIMEOUT = 1.0  # qa.hang_forever's timeout
+
+
+def name_of(leased_by: str) -> str:
+    return leased_by.rsplit(":", 1)[1]
+
+
+def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(spawn):
+    fleet = Fleet(spawn, concurrency=2)
+    # 1. A burst worker without a reaper runs the first hung job. Nobody can take the job back
+    #    while it lives (no reaper anywhere yet), so the retry cannot happen in its process.
+    first = enqueue("qa.hang_forever", priority=50)
+    hung = fleet.start(name="hung", args=("--burst", "--no-reaper"))
+    claimed = wait_for(lambda: job_in(first.id, "leased"), timeout=60, what="the hung job to be claimed")
+    # At the timeout it stops renewing and gives the slot back; then it is idle, and --burst stops
+    # it although its thread is still blocked in the handler.
+    assert hung.proc.wait(60) == 0, hung.proc.output()
+    exited = db_now()
+    job = Job.objects.get(pk=first.id)
+    assert (job.status, job.attempts, job.lease_version, job.leased_by) == ("leased", 1, 1, claimed.leased_by)
+    burst_exit = seconds(claimed.attempted_at, exited) - TIMEOUT
+
+    # 2. Two more workers and a reaper: the lease expires, the job is retried elsewhere. A second
+    #    hung job and a fenced workload keep them busy; at the end a SIGTERM stops both within the
+    #    grace period although one of them has a thread blocked in the second hung job.
+    fleet.start_reaper()
+    second = enqueue("qa.hang_forever", priority=50)
+    ids = enqueue_chaos(JOBS, seed=6)
+    others = [fleet.start(name=name) for name in ("w1", "w2")]
+    drained = wait_drained(120, task=None)
+    stops = fleet.stop(timeout=GRACE + 30)
+    assert set(stops) == {m.name for m in others}
+    assert all(code == 0 for code, _ in stops.values()), stops
+    slowest = max(took for _, took in stops.values())
+    assert slowest < GRACE + 5, stops
+
+    books = ledger(ids)
+    assert_balanced(books, done=JOBS)
+    recoveries = []
+    for hung_job in (first, second):
+        job = Job.objects.get(pk=hung_job.id)
+        assert (job.status, job.attempts) == ("done", 2), job.errors
+        assert [e["type"] for e in job.errors] == ["LeaseExpired"]
+        runs = list(Execution.objects.filter(job_id=job.id).order_by("attempt").values_list("attempt", "worker"))
+        assert [attempt for attempt, _ in runs] == [1, 2]  # no third, concurrent run
+        # From the timeout (first claim + 1 s) to the retry's claim: lease expiry + reaper + claim.
+        recoveries.append(seconds(job.started_at, job.attempted_at) - TIMEOUT)
+    (_, first_by), (_, retry_by) = Execution.objects.filter(job_id=first.id).order_by("attempt").values_list(
+        "attempt", "worker")
+    assert name_of(first_by) == "hung" and name_of(retry_by) in ("w1", "w2")
+    assert max(recoveries) < 15
+    record("hang", fault="handler hangs for good past its timeout=1 s (twice)", jobs=JOBS + 2, faults=2, books=books,
+           recovery=max(recoveries),
+           recovery_meaning="worst time from the task timeout until the retry was claimed by a worker",
+           notes=f"a --burst worker with a blocked thread exited {burst_exit:.1f} s after the timeout; SIGTERM with "
+                 f"a blocked thread: slowest worker exit {slowest:.1f} s (grace {GRACE:.0f} s)",
+           seconds=round(drained, 1))

@@ -1,0 +1,136 @@
+"""Adversarial review of issue 8's hot paths (branch perf): prefetched jobs, batched completions,
+the enqueue fast paths and the epoch-microsecond claim timestamps.
+
+Each prefetch test drives a WorkerService whose threads were never started: the claimed jobs wait
+in its pool exactly like prefetched jobs behind busy threads, and ``_run_job`` is called directly
+where a thread would take the next job. Deterministic: no sleeps, no wall-clock assertions.
+"""
+
+from __future__ import annotations
+
+import pytest
+from qa.models import Execution
+
+from django_leasequeue import enqueue_many, store, task
+from django_leasequeue.context import JobContext
+from django_leasequeue.models import Job
+from django_leasequeue.worker import InFlight, WorkerService
+
+pytestmark = pytest.mark.django_db
+
+
+@task(name="adv2.manual_record", takes_context=True, manual_heartbeat=True, lease=30)
+def manual_record(context: JobContext, tag: str = "") -> str:
+    Execution.objects.create(job_id=context.job_id, lease_version=context.lease_version, attempt=context.attempt,
+                             worker=context.worker_id, tag=tag)
+    return tag
+
+
+def prefetching_worker(concurrency: int = 1, prefetch_max: int = 4) -> WorkerService:
+    worker = WorkerService(queues=["default"], concurrency=concurrency, reap=False, notify=False,
+                           prefetch_wait=0.05, prefetch_max=prefetch_max)
+    worker._avg_runtime = 0.0001  # short jobs: prefetch the maximum
+    return worker
+
+
+def queued(worker: WorkerService) -> list[InFlight]:
+    """The pool's queue, in order (what the threads would take next)."""
+    items = []
+    while not worker._tasks.empty():
+        item = worker._tasks.get_nowait()
+        if item is not None:
+            items.append(item)
+    return items
+
+
+def test_a_prefetched_job_whose_lease_was_lost_is_not_run():
+    """A prefetched job can lose its lease while it waits (expired and taken by another worker, or
+    released by an operator). The heartbeat notices; a thread must then drop it, not run its
+    handler next to the worker that holds the job now."""
+    enqueue_many("qa.record", [[f"t{i}"] for i in range(5)])
+    worker = prefetching_worker()
+    worker.run_once()
+    items = queued(worker)
+    assert len(items) == 5 and {i.started for i in items} == {False}
+    victim = items[1]
+    now = store.db_now()
+    assert store.job_expire_lease(victim.job.id, victim.job.lease_version, now=now)
+    assert [r.id for r in store.job_reap_expired(now=now)] == [victim.job.id]
+    (other,) = store.job_claim_ids([victim.job.id], worker_id="other-worker", lease=30, now=now)
+    assert other.lease_version == victim.job.lease_version + 2  # reaped (+1), claimed again (+1)
+    for item in worker.inflight_snapshot():
+        item.next_renewal = 0.0
+    worker.heartbeat.run_once()
+    assert victim.ctx.lease_lost
+    # A thread reaches it: the handler must not run with the stale token.
+    worker._run_job(victim)
+    assert not Execution.objects.filter(job_id=victim.job.id).exists()
+    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+    row = Job.objects.get(pk=victim.job.id)
+    assert (row.status, row.lease_version, row.leased_by) == ("leased", other.lease_version, "other-worker")
+
+
+def test_a_prefetched_manual_heartbeat_job_is_renewed_while_it_waits():
+    """manual_heartbeat means the *handler* renews; before a thread starts it nobody else would,
+    so its lease runs out in the pool (and another worker may take and run it while this one
+    still holds it). Prefetched jobs are heartbeated while held, whatever the task's mode."""
+    enqueue_many(manual_record, [[f"m{i}"] for i in range(3)])
+    worker = prefetching_worker()
+    worker.run_once()
+    items = worker.inflight_snapshot()
+    assert len(items) == 3 and {i.manual_heartbeat for i in items} == {True}
+    before = {j.id: j.leased_until for j in Job.objects.filter(status="leased")}
+    for item in items:
+        item.next_renewal = 0.0
+    running = items[0]
+    with worker._lock:
+        running.started = True  # a thread runs this one: its handler renews it, not the heartbeat
+    worker.heartbeat.run_once()
+    after = {j.id: j.leased_until for j in Job.objects.filter(status="leased")}
+    waiting = [i.job.id for i in items[1:]]
+    assert all(after[i] > before[i] for i in waiting), (before, after)
+    assert after[running.job.id] == before[running.job.id]
+
+
+def test_a_job_cancelled_while_prefetched_is_not_started():
+    """An operator cancels a job the worker holds but has not started: the heartbeat brings the
+    request back; the thread that reaches the job must not start the handler (nothing ran yet,
+    so the job ends cancelled at once)."""
+    enqueue_many("qa.record", [[f"c{i}"] for i in range(3)])
+    worker = prefetching_worker()
+    worker.run_once()
+    items = queued(worker)
+    victim = items[2]
+    counts = store.job_request_cancel([victim.job.id], by="operator")
+    assert counts.requested == 1
+    for item in worker.inflight_snapshot():
+        item.next_renewal = 0.0
+    worker.heartbeat.run_once()
+    assert victim.ctx.cancel_requested
+    worker._run_job(victim)
+    assert not Execution.objects.filter(job_id=victim.job.id).exists()
+    row = Job.objects.get(pk=victim.job.id)
+    assert (row.status, row.leased_until) == ("cancelled", None)
+    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+
+
+def test_jobs_released_unstarted_are_not_claimed_again_while_the_threads_stay_busy():
+    """Every thread is stuck in a long job: the prefetched jobs are released after
+    PREFETCH_RELEASE_AFTER. The release wakes the claim loop; with the allowance still computed from
+    the short jobs of before, it claimed the same number again at once, to release them a second
+    later: a churn that bumps each job's token and appends a history entry every second for as
+    long as the long job runs, and keeps those jobs from idle workers."""
+    enqueue_many("qa.record", [[f"r{i}"] for i in range(20)])
+    worker = prefetching_worker(concurrency=1, prefetch_max=4)
+    worker.run_once()
+    items = queued(worker)
+    assert len(items) == 5 and worker.claimed == 5
+    long_job = items[0]
+    with worker._lock:
+        long_job.started = True  # the only thread is busy with it
+        for item in items[1:]:
+            item.claimed_at -= 5.0  # held for 5 s, never started
+    assert worker.release_unstarted(older_than=1.0) == 4
+    worker.run_once()
+    assert worker.claimed == 5, "claimed again while the only thread is still busy"
+    assert Job.objects.filter(status="leased").count() == 1

@@ -134,3 +134,48 @@ def test_jobs_released_unstarted_are_not_claimed_again_while_the_threads_stay_bu
     worker.run_once()
     assert worker.claimed == 5, "claimed again while the only thread is still busy"
     assert Job.objects.filter(status="leased").count() == 1
+
+
+@pytest.mark.parametrize("when", [
+    "1969-12-31T23:59:59.999999+00:00",  # one microsecond before the epoch
+    "1901-03-04T05:06:07.000001+00:00",  # far before it
+    "1970-01-01T00:00:00+00:00",
+    "2026-03-08T01:59:59.999999-05:00",  # New York, the last microsecond before the DST jump
+    "2026-11-01T01:30:00.5-04:00",  # the repeated hour (first pass)
+    "2026-11-01T01:30:00.5-05:00",  # the repeated hour (second pass)
+    "2126-11-29T17:00:00.123456+00:00",  # 100 years ahead
+])
+def test_claim_times_decode_exactly_whatever_the_instant(when):
+    from datetime import datetime, timedelta
+
+    now = datetime.fromisoformat(when)
+    job = store.job_insert_one(store.NewJob(task="qa.record", queue="default", priority=0, args_json='["x"]',
+                                            kwargs_json="{}", max_attempts=3, run_at=now - timedelta(microseconds=1)),
+                               notify=False, channel="leasequeue", now=now - timedelta(seconds=3))
+    (claimed,) = store.job_claim(queues=["default"], limit=1, worker_id="t", lease=0.000001, now=now)
+    assert claimed.id == job.id
+    row = Job.objects.get(pk=job.id)
+    assert (claimed.claimed_at, claimed.started_at, claimed.created_at, claimed.leased_until) == (
+        now, now, now - timedelta(seconds=3), now + timedelta(microseconds=1))
+    assert (row.attempted_at, row.started_at, row.created_at, row.leased_until) == (
+        claimed.claimed_at, claimed.started_at, claimed.created_at, claimed.leased_until)
+    assert claimed.claimed_at.utcoffset() == timedelta(0)
+
+
+def test_claim_times_are_naive_like_every_other_read_when_use_tz_is_false():
+    """With USE_TZ = False Django reads timestamptz as naive datetimes in the connection's time
+    zone (every ORM read, the lease renewal, Job rows). The claim must not hand out aware UTC
+    datetimes next to them: a handler comparing context.leased_until with timezone.now(), or with
+    its own value after a renewal, would raise TypeError."""
+    from django.test import override_settings
+    from django.utils import timezone
+
+    enqueue_many("qa.record", [["tz"]])
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        (claimed,) = store.job_claim(queues=["default"], limit=1, worker_id="t", lease=30)
+        row = Job.objects.get(pk=claimed.id)
+        renewal = store.job_renew([(claimed.id, claimed.lease_version, 30.0)])[claimed.id]
+        assert row.attempted_at.tzinfo is None and renewal.leased_until.tzinfo is None
+        assert (claimed.claimed_at, claimed.started_at, claimed.created_at, claimed.leased_until) == (
+            row.attempted_at, row.started_at, row.created_at, row.leased_until)
+        assert claimed.leased_until <= renewal.leased_until and claimed.claimed_at <= timezone.now()

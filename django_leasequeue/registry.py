@@ -828,12 +828,14 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
     # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
     # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
     template = build_job(spec, [], {}, check_signature=False, **options)
-    for a, kw in pairs:
-        check_arguments_bind(spec, a, kw)
     names = _positional_names(enqueue_signature(spec))
+    # The payload checks first, then the signature, in build_job()'s order: a job gets the error
+    # enqueue() would raise for it (e.g. a keyword name that is not a str cannot be stored).
     chunks = [encode_payload_many(pairs[start:start + 10_000], limit=settings.max_payload_bytes, names=names,
                                   first=start)
               for start in range(0, len(pairs), 10_000)]
+    for a, kw in pairs:
+        check_arguments_bind(spec, a, kw)
     total = 0
     for args_json, kwargs_json in chunks:
         count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,

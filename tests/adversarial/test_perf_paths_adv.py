@@ -179,3 +179,45 @@ def test_claim_times_are_naive_like_every_other_read_when_use_tz_is_false():
         assert (claimed.claimed_at, claimed.started_at, claimed.created_at, claimed.leased_until) == (
             row.attempted_at, row.started_at, row.created_at, row.leased_until)
         assert claimed.leased_until <= renewal.leased_until and claimed.claimed_at <= timezone.now()
+
+
+def test_enqueue_many_refuses_bad_arguments_as_enqueue_does():
+    """The fast path must raise what enqueue() raises for the same job: a keyword argument name
+    that is not a str is a PayloadNotSerializable (it cannot be stored), not an ArgumentsMismatch."""
+    from django_leasequeue import enqueue
+    from django_leasequeue.exceptions import PayloadNotSerializable
+
+    bad = {1: "x"}
+    with pytest.raises(PayloadNotSerializable) as one:
+        enqueue("qa.record", [], bad)
+    with pytest.raises(PayloadNotSerializable) as many:
+        enqueue_many("qa.record", [([], {"tag": "ok"}), ([], bad)])
+    assert "keyword argument name 1 is not a str" in str(one.value) and "job 1" in str(many.value)
+    # Arguments that are not JSON *and* do not bind: the payload error first, as in enqueue().
+    with pytest.raises(PayloadNotSerializable):
+        enqueue("qa.record", [{1, 2}, 2, 3, 4])
+    with pytest.raises(PayloadNotSerializable):
+        enqueue_many("qa.record", [[{1, 2}, 2, 3, 4]])
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("scope", ["retained", "active"])
+def test_enqueue_fast_paths_keep_unique_keys_in_both_scopes(scope):
+    now = store.db_now()
+    first = store.job_insert_one(store.NewJob(task="qa.record", queue="default", priority=0, args_json="[]",
+                                              kwargs_json="{}", max_attempts=3, unique_key="u", unique_scope=scope),
+                                 notify=False, channel="leasequeue", now=now)
+    assert first is not None
+    # Taken while the job is ready, in both scopes, by both fast paths.
+    assert enqueue_many("qa.record", [["a"], ["b"]], unique_key="u", unique_scope=scope) == 0
+    from django_leasequeue import enqueue
+
+    assert enqueue("qa.record", ["c"], unique_key="u", unique_scope=scope).id == first.id
+    (claimed,) = store.job_claim(queues=["default"], limit=1, worker_id="t", lease=30, now=now)
+    assert store.job_complete([(claimed.id, claimed.lease_version, None)], now=now) == {claimed.id}
+    # Finished: "active" frees the key, "retained" keeps it while the row exists.
+    assert enqueue_many("qa.record", [["d"], ["e"]], unique_key="u", unique_scope=scope) == (
+        1 if scope == "active" else 0)
+    again = enqueue("qa.record", ["f"], unique_key="u", unique_scope=scope)
+    assert (again.id == first.id) is (scope == "retained")
+    assert Job.objects.filter(unique_key="u").count() == (2 if scope == "active" else 1)

@@ -221,3 +221,23 @@ def test_enqueue_fast_paths_keep_unique_keys_in_both_scopes(scope):
     again = enqueue("qa.record", ["f"], unique_key="u", unique_scope=scope)
     assert (again.id == first.id) is (scope == "retained")
     assert Job.objects.filter(unique_key="u").count() == (2 if scope == "active" else 1)
+
+
+def test_a_lost_async_done_mark_is_a_failed_attempt_dead_on_the_last_one():
+    """What docs/performance.md says ASYNC_COMPLETIONS can lose: a PostgreSQL crash that drops a
+    committed-but-unflushed completion leaves the row as the claim wrote it (leased, old token)
+    while the worker has moved on. The row's fate is then the reaper's: a LeaseExpired attempt,
+    and dead-lettered when it was the last one, although the handler succeeded."""
+    now = store.db_now()
+    job = store.job_insert_one(store.NewJob(task="qa.record", queue="default", priority=0, args_json="[]",
+                                            kwargs_json="{}", max_attempts=1), notify=False, channel="leasequeue",
+                               now=now)
+    (claimed,) = store.job_claim(queues=["default"], limit=1, worker_id="t", lease=30, now=now)
+    # (the handler succeeded; its done mark was the lost async commit: the row is untouched)
+    assert store.job_expire_lease(claimed.id, claimed.lease_version, now=now)
+    (reaped,) = store.job_reap_expired(now=now)
+    row = Job.objects.get(pk=job.id)
+    assert (reaped.status, row.status, row.errors[-1]["type"]) == ("dead", "dead", "LeaseExpired")
+    # And the completion, if it ever came again with that token, is refused (fencing unchanged).
+    assert store.job_complete([(claimed.id, claimed.lease_version, None)], now=now,
+                              synchronous_commit=False) == set()

@@ -431,7 +431,13 @@ class WorkerService(Service):
             released = with_reconnect(lambda: store.job_release([(i.job.id, i.job.lease_version) for i in items],
                                                                 reason=reason, alias=self.alias))
         except DatabaseError:
-            logger.exception("could not release %d prefetched job(s); their leases will expire", len(items))
+            # Still ours: hold them again, so that the heartbeat keeps renewing them and a later
+            # round releases them (dropped, they would expire and each be charged a LeaseExpired
+            # attempt without having run). A thread that met one in the meantime skipped it.
+            with self._lock:
+                for item in items:
+                    self._inflight.setdefault(item.job.id, item)
+            logger.exception("could not release %d prefetched job(s); still holding them", len(items))
             return 0
         for item in items:
             if item.job.id in released:

@@ -241,3 +241,53 @@ def test_a_lost_async_done_mark_is_a_failed_attempt_dead_on_the_last_one():
     # And the completion, if it ever came again with that token, is refused (fencing unchanged).
     assert store.job_complete([(claimed.id, claimed.lease_version, None)], now=now,
                               synchronous_commit=False) == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefetched_jobs_stay_held_and_renewed_when_their_release_fails():
+    """The timed release of unstarted jobs fails (the database refuses it, or is briefly away).
+    The jobs were already out of the worker's list: nobody renewed them any more, their leases
+    expired and the reaper charged each a LeaseExpired attempt (dead on the last one) for jobs
+    that never ran, even when the database was back within a second. They must stay held and
+    heartbeated, and be released by a later round."""
+    from django.db import connection
+
+    enqueue_many("qa.record", [[f"f{i}"] for i in range(5)])
+    worker = prefetching_worker()
+    worker.run_once()
+    items = worker.inflight_snapshot()
+    assert len(items) == 5
+    with worker._lock:
+        items[0].started = True  # the only thread is busy
+        for item in items[1:]:
+            item.claimed_at -= 5.0
+    with connection.cursor() as cur:
+        cur.execute("""
+            CREATE FUNCTION adv2_refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF current_setting('adv2.refuse', true) = 'on' AND NEW.status = 'ready' THEN
+                    RAISE EXCEPTION 'adv2: release refused';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER adv2_refuse_release BEFORE UPDATE ON leasequeue_job
+                FOR EACH ROW EXECUTE FUNCTION adv2_refuse_release();
+            SELECT set_config('adv2.refuse', 'on', false);
+        """)
+    try:
+        assert worker.release_unstarted(older_than=1.0) == 0
+        held = {i.job.id for i in worker.inflight_snapshot()}
+        assert held == {i.job.id for i in items}, "unreleased jobs dropped from the heartbeat"
+        for item in worker.inflight_snapshot():
+            item.next_renewal = 0.0
+        worker.heartbeat.run_once()  # its own release attempt fails again; the renewals go through
+        assert {i.job.id for i in worker.inflight_snapshot()} == held
+        assert not any(i.ctx.lease_lost for i in items)
+        with connection.cursor() as cur:
+            cur.execute("SELECT set_config('adv2.refuse', 'off', false)")
+        assert worker.release_unstarted(older_than=1.0) == 4
+        assert Job.objects.filter(status="ready", attempts=0).count() == 4
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("SELECT set_config('adv2.refuse', 'off', false); DROP TRIGGER adv2_refuse_release ON "
+                        "leasequeue_job; DROP FUNCTION adv2_refuse_release()")

@@ -291,3 +291,33 @@ def test_prefetched_jobs_stay_held_and_renewed_when_their_release_fails():
         with connection.cursor() as cur:
             cur.execute("SELECT set_config('adv2.refuse', 'off', false); DROP TRIGGER adv2_refuse_release ON "
                         "leasequeue_job; DROP FUNCTION adv2_refuse_release()")
+
+
+def test_enqueue_many_splits_a_chunk_whose_json_is_too_large_for_one_jsonb(monkeypatch):
+    """A chunk of up to 10,000 jobs of up to MAX_PAYLOAD_BYTES (1 MiB) each went out as ONE jsonb
+    value; PostgreSQL refuses any jsonb over 256 MB ("total size of jsonb array elements exceeds
+    the maximum"), so e.g. 300 jobs of 1 MB failed where the general path (one text per job)
+    worked. The chunk is split by size: here with the threshold lowered to a few jobs' worth,
+    every job is written once, in order, with its own arguments. (The full-size reproduction,
+    300 MB, is too heavy for the suite: see the review report.)"""
+    from django_leasequeue import registry
+
+    monkeypatch.setattr(registry, "MAX_CHUNK_CHARS", 50)
+    pairs = [([f"job-{i:03d}"], {"sleep": float(i % 3)}) if i % 4 == 0 else [f"job-{i:03d}"] for i in range(37)]
+    assert enqueue_many("qa.record", pairs) == 37
+    rows = list(Job.objects.order_by("id").values_list("args", "kwargs"))
+    assert rows == [([f"job-{i:03d}"], {"sleep": float(i % 3)} if i % 4 == 0 else {}) for i in range(37)]
+    # Errors still name the job by its index in the whole list, wherever the split put it.
+    from django_leasequeue.exceptions import PayloadNotSerializable
+
+    with pytest.raises(PayloadNotSerializable, match=r"job 29 argument 'tag'"):
+        enqueue_many("qa.record", [[f"ok-{i}"] for i in range(29)] + [[{1}]])
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("LEASEQUEUE_HEAVY_TESTS"),
+                    reason="sends 300 MB to PostgreSQL; set LEASEQUEUE_HEAVY_TESTS=1 to run")
+def test_enqueue_many_of_300_one_megabyte_jobs():
+    """The full-size reproduction: 300 jobs of 1 MB (the default MAX_PAYLOAD_BYTES is 1 MiB)."""
+    blob = "x" * 1_000_000
+    assert enqueue_many("qa.record", [[blob]] * 300) == 300
+    assert Job.objects.count() == 300

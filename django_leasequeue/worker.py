@@ -279,7 +279,10 @@ class HeartbeatService(Service):
                 if renewal is None:
                     # Read the flag again: the handler may have committed fenced_atomic() since the
                     # check above (the flag is set before that commit); the job is done, not lost.
-                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction:
+                    # Nor is a job this worker let go of since the snapshot (a prefetched job
+                    # released or cancelled unstarted: it leaves the held list before that write).
+                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction \
+                            and self.worker.holds(item):
                         report_lease_lost(item.ctx, write="renew")
                     continue
                 if renewal.cancel_requested:
@@ -387,6 +390,11 @@ class WorkerService(Service):
         """Seconds between heartbeats of a job with this lease: lease/3, or ``HEARTBEAT_INTERVAL``
         when that is shorter (it also bounds how late a running handler learns of a cancel)."""
         return min(lease / 3, self.settings.heartbeat_interval)
+
+    def holds(self, item: InFlight) -> bool:
+        """True while ``item`` is in the held list (running or prefetched, not let go of)."""
+        with self._lock:
+            return self._inflight.get(item.job.id) is item
 
     def free_slots(self) -> int:
         """Threads not running a job and not promised to a prefetched one."""

@@ -321,3 +321,38 @@ def test_enqueue_many_of_300_one_megabyte_jobs():
     blob = "x" * 1_000_000
     assert enqueue_many("qa.record", [[blob]] * 300) == 300
     assert Job.objects.count() == 300
+
+
+def test_a_prefetched_job_released_during_a_renewal_is_not_reported_lost(monkeypatch):
+    """Graceful stop releases the prefetched jobs from the worker's thread while the heartbeat
+    thread renews from a snapshot taken just before: the renewal is refused (token bumped by the
+    release) and was reported as a lost lease (a lease_lost event and a note in the job's
+    history, which the lease report counts as a fence rejection). The heartbeat must only report
+    jobs the worker still holds."""
+    enqueue_many("qa.record", [[f"s{i}"] for i in range(3)])
+    worker = prefetching_worker()
+    worker.run_once()
+    for item in worker.inflight_snapshot():
+        item.next_renewal = 0.0
+    renew = store.job_renew
+
+    def release_then_renew(leases, **kwargs):
+        # Exactly in the window: the snapshot is taken, the stop releases everything unstarted.
+        assert worker.release_unstarted() == 3
+        return renew(leases, **kwargs)
+
+    monkeypatch.setattr(store, "job_renew", release_then_renew)
+    lost = []
+    from django_leasequeue import signals
+
+    def on_lost(**fields):
+        lost.append(fields["job_id"])
+
+    signals.job_lease_lost.connect(on_lost, weak=False)
+    try:
+        worker.heartbeat.run_once()
+    finally:
+        signals.job_lease_lost.disconnect(on_lost)
+    assert lost == []
+    assert [e["event"] for j in Job.objects.all() for e in j.history if e["event"] != "released"] == []
+    assert set(Job.objects.values_list("status", flat=True)) == {"ready"}

@@ -736,8 +736,8 @@ def _connection_times(jobs: ClaimResult, alias: str) -> ClaimResult:
     read on ``alias``: with ``USE_TZ = False`` Django reads timestamptz as naive datetimes in the
     connection's time zone (the ORM, lease renewals), and mixing both would raise TypeError."""
     connection = connections[alias]
-    if not jobs or connection.timezone is not None:  # USE_TZ = True: aware, as decoded
-        return jobs
+    if not jobs or connection.timezone is not None or not connection.timezone_name:
+        return jobs  # USE_TZ = True: aware, as decoded (or no TIME_ZONE to convert to)
     zone = zoneinfo.ZoneInfo(connection.timezone_name)
     for job in jobs:
         values = job.__dict__  # frozen dataclass: fill its __dict__ as _claimed() does

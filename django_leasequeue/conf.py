@@ -85,7 +85,9 @@ DEFAULTS: dict[str, Any] = {
     "PREFETCH_MAX": 64,
     # Commit the worker's batched completions with synchronous_commit = off (per transaction, never
     # the server setting). A crash of PostgreSQL may then lose the last few hundred milliseconds of
-    # completions: those jobs run again (still at-least-once). Enqueues and claims stay durable.
+    # completions: those jobs are leased again, and when the lease expires the reaper counts a failed
+    # attempt: they run again, or are dead-lettered on their last attempt (docs/performance.md).
+    # Fencing is unchanged. Enqueues and claims stay durable.
     "ASYNC_COMPLETIONS": False,
 }
 

@@ -828,12 +828,14 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
     # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
     # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
     template = build_job(spec, [], {}, check_signature=False, **options)
+    names = _positional_names(enqueue_signature(spec))
+    # The payload checks first, then the signature, in build_job()'s order: a job gets the error
+    # enqueue() would raise for it (e.g. a keyword name that is not a str cannot be stored).
+    chunks = [chunk for start in range(0, len(pairs), 10_000)
+              for chunk in _encode_chunks(pairs[start:start + 10_000], start, limit=settings.max_payload_bytes,
+                                          names=names)]
     for a, kw in pairs:
         check_arguments_bind(spec, a, kw)
-    names = _positional_names(enqueue_signature(spec))
-    chunks = [encode_payload_many(pairs[start:start + 10_000], limit=settings.max_payload_bytes, names=names,
-                                  first=start)
-              for start in range(0, len(pairs), 10_000)]
     total = 0
     for args_json, kwargs_json in chunks:
         count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
@@ -842,6 +844,25 @@ def enqueue_many(task_or_name: Task[..., Any] | str,
         for job_id in ids:
             signals.emit("enqueued", job_id=job_id, task=template.task, queue=template.queue, attempt=0, token=0)
     return total
+
+
+# The largest JSON text (in characters) one job_insert_many() statement sends. PostgreSQL refuses a
+# jsonb value over 256 MB, and a chunk of 10,000 jobs of up to MAX_PAYLOAD_BYTES each (1 MiB by
+# default) can be far larger; numbers also take more room in jsonb than in JSON text. A chunk over
+# this is split (the general path sent one text per job, each within the per-job limit).
+MAX_CHUNK_CHARS = 16 * 1024 * 1024
+
+
+def _encode_chunks(pairs: Sequence[tuple[list[Any], dict[str, Any]]], first: int, *, limit: int,
+                   names: Sequence[str]) -> list[tuple[str, str | None]]:
+    """:func:`encode_payload_many` of ``pairs``, split in halves until each part's JSON is at most
+    ``MAX_CHUNK_CHARS`` characters (a single job is never split). Returns the parts in order."""
+    args_json, kwargs_json = encode_payload_many(pairs, limit=limit, names=names, first=first)
+    if len(pairs) > 1 and len(args_json) + len(kwargs_json or "") > MAX_CHUNK_CHARS:
+        half = len(pairs) // 2
+        return (_encode_chunks(pairs[:half], first, limit=limit, names=names)
+                + _encode_chunks(pairs[half:], first + half, limit=limit, names=names))
+    return [(args_json, kwargs_json)]
 
 
 def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *, limit: int,

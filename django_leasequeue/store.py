@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zoneinfo
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -727,7 +728,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
         with _cursor(alias) as cur:
             cur.execute(sql, params)
-            return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
+            return _connection_times(ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall())), alias)
     names = list(queues) if queues is not None else rated
     params["queues"] = names
     params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
@@ -741,8 +742,27 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         cur.execute(sql, params)
         rows = cur.fetchall()
     waits = _load(rows[0][16]) if rows else {}
-    return ClaimResult((_claimed(r) for r in _claim_order([r for r in rows if r[0] is not None])),
-                       throttled={k: float(v) for k, v in (waits or {}).items()})
+    return _connection_times(ClaimResult((_claimed(r) for r in _claim_order([r for r in rows if r[0] is not None])),
+                                         throttled={k: float(v) for k, v in (waits or {}).items()}), alias)
+
+
+_TIME_FIELDS = ("leased_until", "claimed_at", "created_at", "started_at")
+
+
+def _connection_times(jobs: ClaimResult, alias: str) -> ClaimResult:
+    """Give the claim's times (decoded from epoch microseconds as aware UTC) the form of every other
+    read on ``alias``: with ``USE_TZ = False`` Django reads timestamptz as naive datetimes in the
+    connection's time zone (the ORM, lease renewals), and mixing both would raise TypeError."""
+    connection = connections[alias]
+    if not jobs or connection.timezone is not None or not connection.timezone_name:
+        return jobs  # USE_TZ = True: aware, as decoded (or no TIME_ZONE to convert to)
+    zone = zoneinfo.ZoneInfo(connection.timezone_name)
+    for job in jobs:
+        values = job.__dict__  # frozen dataclass: fill its __dict__ as _claimed() does
+        for name in _TIME_FIELDS:
+            if values[name] is not None:
+                values[name] = values[name].astimezone(zone).replace(tzinfo=None)
+    return jobs
 
 
 def _load(value: Any) -> Any:
@@ -2125,7 +2145,7 @@ def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: date
     params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
     with _cursor(alias) as cur:
         cur.execute(JOB_CLAIM_IDS, params)
-        return ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall()))
+        return _connection_times(ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall())), alias or db_alias())
 
 
 # Make one held lease expire now, as if its worker had stopped renewing it long enough ago. Only

@@ -253,8 +253,12 @@ class HeartbeatService(Service):
         due: list[InFlight] = []
         next_wake = now + 1.0
         for item in self.worker.inflight_snapshot():
-            if item.manual_heartbeat or item.timed_out or item.ctx.completed_in_transaction or item.ctx.lease_lost:
-                continue  # nothing to renew: done by fenced_atomic(), or already lost
+            if (item.manual_heartbeat and item.started) or item.timed_out or item.ctx.completed_in_transaction \
+                    or item.ctx.lease_lost:
+                # Nothing to renew: the handler renews (a manual heartbeat; until a thread starts
+                # it, a prefetched job is renewed here like any other), done by fenced_atomic(),
+                # or already lost.
+                continue
             if item.deadline is not None and now >= item.deadline:
                 # Heartbeat bounded by progress: past the task's timeout we stop renewing, so the
                 # lease expires and the job is retried elsewhere. The slot is given back now.
@@ -275,7 +279,10 @@ class HeartbeatService(Service):
                 if renewal is None:
                     # Read the flag again: the handler may have committed fenced_atomic() since the
                     # check above (the flag is set before that commit); the job is done, not lost.
-                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction:
+                    # Nor is a job this worker let go of since the snapshot (a prefetched job
+                    # released or cancelled unstarted: it leaves the held list before that write).
+                    if not item.ctx.lease_lost and not item.ctx.completed_in_transaction \
+                            and self.worker.holds(item):
                         report_lease_lost(item.ctx, write="renew")
                     continue
                 if renewal.cancel_requested:
@@ -384,6 +391,11 @@ class WorkerService(Service):
         when that is shorter (it also bounds how late a running handler learns of a cancel)."""
         return min(lease / 3, self.settings.heartbeat_interval)
 
+    def holds(self, item: InFlight) -> bool:
+        """True while ``item`` is in the held list (running or prefetched, not let go of)."""
+        with self._lock:
+            return self._inflight.get(item.job.id) is item
+
     def free_slots(self) -> int:
         """Threads not running a job and not promised to a prefetched one."""
         with self._lock:
@@ -427,13 +439,25 @@ class WorkerService(Service):
             released = with_reconnect(lambda: store.job_release([(i.job.id, i.job.lease_version) for i in items],
                                                                 reason=reason, alias=self.alias))
         except DatabaseError:
-            logger.exception("could not release %d prefetched job(s); their leases will expire", len(items))
+            # Still ours: hold them again, so that the heartbeat keeps renewing them and a later
+            # round releases them (dropped, they would expire and each be charged a LeaseExpired
+            # attempt without having run). A thread that met one in the meantime skipped it.
+            with self._lock:
+                for item in items:
+                    self._inflight.setdefault(item.job.id, item)
+            logger.exception("could not release %d prefetched job(s); still holding them", len(items))
             return 0
         for item in items:
             if item.job.id in released:
                 signals.emit("released", job_id=item.job.id, task=item.job.task, queue=item.job.queue,
                              attempt=item.job.attempts, token=item.job.lease_version, reason=reason)
         self.prefetch_released += len(released)
+        if older_than is not None:
+            # No thread freed up for ``older_than`` seconds: the durations that sized the prefetch
+            # are out of date. Prefetch nothing until a job finishes, or the wake below would
+            # claim the same number again at once, to release them again a second later (a
+            # token bump and a history entry per job per second, held away from idle workers).
+            self._avg_runtime = None
         self.wake()
         return len(released)
 
@@ -461,7 +485,17 @@ class WorkerService(Service):
         with self._lock:
             if self._inflight.get(item.job.id) is not item:
                 return False  # released (prefetched job not started in time, or shutdown)
-            item.started = True
+            # Held but not started: the heartbeat may have learnt meanwhile that the lease is gone
+            # (another worker may run the job now) or that an operator cancelled it. Never start
+            # the handler then; a cancelled job ends cancelled at once (nothing ran).
+            stale = item.ctx.lease_lost or item.ctx.cancel_requested
+            if stale:
+                del self._inflight[item.job.id]
+            else:
+                item.started = True
+        if stale:
+            self._drop_unstarted(item)
+            return False
         started = time.monotonic()
         if item.timeout:
             item.deadline = started + item.timeout
@@ -485,6 +519,21 @@ class WorkerService(Service):
             if wake:
                 self.wake()
         return retire
+
+    def _drop_unstarted(self, item: InFlight) -> None:
+        """A held job that will not be started (lease lost, or cancel requested): record the
+        cancel (fenced; a lost lease was already reported by the heartbeat) and free its slot."""
+        if not item.ctx.lease_lost:
+            fields = {"job_id": item.job.id, "task": item.job.task, "queue": item.job.queue,
+                      "attempt": item.job.attempts, "token": item.job.lease_version}
+            try:
+                self.executor._cancelled(item.job, item.ctx, fields)
+            except DatabaseError:
+                logger.exception("job %s: could not record its cancel; the lease will expire", item.job.id)
+        with self._lock:
+            wake = self._saturated and len(self._inflight) <= self._refill_at
+        if wake:
+            self.wake()
 
     # -- service --------------------------------------------------------------------------------
     def register(self) -> None:

@@ -94,10 +94,19 @@ class InFlight:
     next_renewal: float
     renew_every: float  # seconds between renewals
     claimed_at: float  # monotonic
+    # Monotonic time until which the lease is surely ours: the claim's (or the last renewal's)
+    # time plus the lease. A held job is not started past it, less a margin (see _run_job).
+    lease_valid_until: float = 0.0
     deadline: float | None = None  # monotonic time past which heartbeats stop (set when started)
     started: bool = False  # a thread took it (False: prefetched, waiting for a thread)
     timed_out: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def start_margin(lease: float) -> float:
+    """Seconds before the end of a held job's lease (by this process's clock) after which a
+    thread no longer starts it: a tenth of the lease, at most 1 s."""
+    return min(1.0, lease / 10)
 
 
 class Completer(Service):
@@ -294,6 +303,7 @@ class HeartbeatService(Service):
                     next_wake = min(next_wake, item.next_renewal)
                     continue
                 item.ctx.leased_until = renewal.leased_until
+                item.lease_valid_until = now + item.lease  # ``now`` was taken before the renewal was sent
                 item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
         if now >= self._next_process_beat:
@@ -435,6 +445,19 @@ class WorkerService(Service):
         if not items:
             return 0
         reason = "worker shutdown" if older_than is None else "prefetched job not started in time"
+        released = self._release(*items, reason=reason)
+        if older_than is not None and released:
+            # No thread freed up for ``older_than`` seconds: the durations that sized the prefetch
+            # are out of date. Prefetch nothing until a job finishes, or the wake below would
+            # claim the same number again at once, to release them again a second later (a
+            # token bump and a history entry per job per second, held away from idle workers).
+            self._avg_runtime = None
+        return released
+
+    def _release(self, *items: InFlight, reason: str) -> int:
+        """Give held, unstarted jobs (already out of the held list) back to ``ready``: fenced,
+        token bumped, not an attempt. On a database error they are held again. Returns how many
+        the database released."""
         try:
             released = with_reconnect(lambda: store.job_release([(i.job.id, i.job.lease_version) for i in items],
                                                                 reason=reason, alias=self.alias))
@@ -452,12 +475,6 @@ class WorkerService(Service):
                 signals.emit("released", job_id=item.job.id, task=item.job.task, queue=item.job.queue,
                              attempt=item.job.attempts, token=item.job.lease_version, reason=reason)
         self.prefetch_released += len(released)
-        if older_than is not None:
-            # No thread freed up for ``older_than`` seconds: the durations that sized the prefetch
-            # are out of date. Prefetch nothing until a job finishes, or the wake below would
-            # claim the same number again at once, to release them again a second later (a
-            # token bump and a history entry per job per second, held away from idle workers).
-            self._avg_runtime = None
         self.wake()
         return len(released)
 
@@ -489,10 +506,18 @@ class WorkerService(Service):
             # (another worker may run the job now) or that an operator cancelled it. Never start
             # the handler then; a cancelled job ends cancelled at once (nothing ran).
             stale = item.ctx.lease_lost or item.ctx.cancel_requested
-            if stale:
+            # Nor when, by this process's own clock, the lease may have run out while the job
+            # waited (a heartbeat starved of CPU, or a pause of the whole process): another worker
+            # could be running it. Give it back instead (a fenced release: if the lease did run
+            # out, it writes nothing and the reaper takes the job back).
+            expiring = not stale and time.monotonic() > item.lease_valid_until - start_margin(item.lease)
+            if stale or expiring:
                 del self._inflight[item.job.id]
             else:
                 item.started = True
+        if expiring:
+            self._release(item, reason="lease about to expire before the job started")
+            return False
         if stale:
             self._drop_unstarted(item)
             return False
@@ -643,7 +668,8 @@ class WorkerService(Service):
                             alias=self.alias, claim=job)
         now = time.monotonic()
         return InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual, timeout=timeout,
-                        next_renewal=now + renew_every, renew_every=renew_every, claimed_at=now)
+                        next_renewal=now + renew_every, renew_every=renew_every, claimed_at=now,
+                        lease_valid_until=now + lease)
 
     def run_inline(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> str:
         """Run a claimed job in the calling thread, on its database connection, and write its

@@ -356,3 +356,26 @@ def test_a_prefetched_job_released_during_a_renewal_is_not_reported_lost(monkeyp
     assert lost == []
     assert [e["event"] for j in Job.objects.all() for e in j.history if e["event"] != "released"] == []
     assert set(Job.objects.values_list("status", flat=True)) == {"ready"}
+
+
+def test_a_held_job_is_not_started_once_its_lease_may_have_run_out_by_the_workers_clock():
+    """The heartbeat may be starved of CPU (or the whole process paused) while a job waits in the
+    pool: by the time a thread reaches it, its lease may have expired and another worker may run
+    it, before any renewal could report the loss. The thread checks the lease against its own
+    clock and gives the job back instead of starting it (fenced release: not an attempt)."""
+    import time
+
+    enqueue_many("qa.record", [[f"e{i}"] for i in range(3)])
+    worker = prefetching_worker()
+    worker.run_once()
+    items = queued(worker)
+    victim = items[1]
+    victim.lease_valid_until = time.monotonic() + 0.5  # within the margin (1 s for a 30 s lease)
+    worker._run_job(victim)
+    assert not Execution.objects.filter(job_id=victim.job.id).exists()
+    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+    row = Job.objects.get(pk=victim.job.id)
+    assert (row.status, row.attempts, row.lease_version) == ("ready", 0, victim.job.lease_version + 1)
+    # The others, well inside their leases, run as usual.
+    worker._run_job(items[0])
+    assert Execution.objects.filter(job_id=items[0].job.id).count() == 1

@@ -29,16 +29,22 @@ Rows (each the median of ``--reps`` runs, on a fresh database copied from a migr
   reused by later runs until the schema changes.
 * memory: peak RSS (``VmHWM``) of the 1 x 16 drain worker.
 
-Then the peer queues of ``<repo>/../shared/bench/peers`` (their own virtualenv, created by that
-folder's ``setup_venv.sh`` in ``$TMPDIR`` if missing) and django-leasequeue itself run through the
-same harness (``bench/peer_adapter``), with the same job count, and the ratios ours/peer are printed.
+Then the peer queues and django-leasequeue itself run through the same peers harness
+(``bench/peer_adapter``), with the same job count, and the ratios ours/peer are printed. The harness
+is not part of this repository and none of its code is copied in: it is the folder
+``../shared/bench/peers`` next to the repository (from a git worktree, also next to the main
+checkout), or wherever ``PEERS_DIR`` points. The peer queues are pip-installed into their own
+virtualenv by that folder's ``setup_venv.sh`` (``$PEERS_VENV``, default
+``$TMPDIR/leasequeue-peers-venv``, created on the first run). Without the harness the peers are
+skipped and the table says so ("peers: skipped (harness not found at ...; set PEERS_DIR)").
 
 Environment: ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``; ``LQBENCH_DB`` (database name,
 default ``leasequeue_bench``; the runner also uses ``<name>_tpl``; the peers harness uses
-``bench_<system>``); ``PEERS_VENV``; ``PEERS_DIR`` (default ``<repo>/../shared/bench/peers``).
+``bench_<system>``, dropped after the peers run unless ``--keep``); ``PEERS_VENV``; ``PEERS_DIR``.
 Progress goes to stderr, the table to stdout and ``build/bench/results.md``, raw results to
 ``--out`` (default ``build/bench/results.json``). Peers that drain below ~150 jobs/s (``SLOW_PEERS``)
-run 2,000 jobs instead of ``--jobs`` so that the full run takes about 35 minutes.
+run 2,000 jobs instead of ``--jobs`` so that the full run takes about 30 minutes on 2 cores (27.2 min
+for the table in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import glob
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -137,9 +144,12 @@ SECTIONS = ["enqueue", "drain", "latency", "hot", "claim", "peers"]
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
-def find_peers_dir() -> str:
-    """``<repo>/../shared/bench/peers``; from a git worktree (``git worktree add``), ``<repo>`` is
-    the main checkout, found through git's common directory."""
+def peers_candidates() -> list[str]:
+    """Where the peers harness is looked for: ``$PEERS_DIR`` alone when it is set; otherwise
+    ``<repo>/../shared/bench/peers`` and, from a git worktree (``git worktree add``), the same next to
+    the main checkout (found through git's common directory)."""
+    if os.environ.get("PEERS_DIR"):
+        return [os.path.abspath(os.environ["PEERS_DIR"])]
     candidates = [os.path.dirname(REPO)]
     try:
         common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=REPO,
@@ -148,7 +158,23 @@ def find_peers_dir() -> str:
     except (OSError, subprocess.CalledProcessError):
         pass
     paths = [os.path.join(c, "shared", "bench", "peers") for c in candidates]
-    return next((p for p in paths if os.path.isdir(p)), paths[0])
+    return list(dict.fromkeys(paths))
+
+
+def has_harness(peers_dir: str) -> bool:
+    return os.path.isfile(os.path.join(peers_dir, "harness", "run_peer.py"))
+
+
+def find_peers_dir() -> str:
+    """The first of :func:`peers_candidates` holding ``harness/run_peer.py``, else the first one."""
+    paths = peers_candidates()
+    return next((p for p in paths if has_harness(p)), paths[0])
+
+
+def show_path(path: str) -> str:
+    """``path`` as every message and table prints it: relative to the repository root, or as
+    ``$PEERS_DIR`` gave it (absolute) when that is set."""
+    return os.path.abspath(path) if os.environ.get("PEERS_DIR") else os.path.relpath(path, REPO)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -176,7 +202,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                     help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
     ap.add_argument("--out", default=os.path.join(REPO, "build", "bench", "results.json"),
                     help="raw results (JSON); the table goes next to it as results.md (default build/bench/)")
-    ap.add_argument("--keep", action="store_true", help="keep the databases afterwards")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the databases afterwards (ours and the peers harness's bench_<system>)")
     ap.add_argument("--profile", action="store_true",
                     help="one extra 2 x 4 drain under py-spy (GIL samples); prints where the workers' time goes")
     a = ap.parse_args(argv)
@@ -197,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     drains = [(1, 1, False), (1, 4, False), (1, 16, False), (2, 4, False)]
     if not a.no_async_row:
         drains.append((2, 4, True))
-    peers_dir = os.environ.get("PEERS_DIR") or find_peers_dir()
+    peers_dir = find_peers_dir()
     return Config(
         quick=quick, reps=a.reps or (1 if quick else 3), jobs=jobs, single_n=500 if quick else 5000,
         bulk_n=10_000, lat_n=30 if quick else 200, hot_seconds=6.0 if quick else 10.0, claim_sizes=sorted(sizes),
@@ -810,19 +837,54 @@ def bench_claim_cost(cfg: Config, dbs: Databases, workdir: str) -> list[dict]:
 SLOW_PEERS = {"chancy": 2000, "django-q2": 2000}
 
 
+def peers_skip_reason(cfg: Config) -> str | None:
+    """Why the peers cannot run (the harness is missing), or None."""
+    if has_harness(cfg.peers_dir):
+        return None
+    where = " or ".join(show_path(p) for p in peers_candidates())
+    return f"harness not found at {where}; set PEERS_DIR"
+
+
+# pip warns once per configured index or find-links location that does not exist on this machine
+# (a global pip.conf): noise for the benchmark, filtered from the peers' virtualenv setup.
+PIP_NOISE = re.compile(r"^WARNING: Location .* is ignored")
+
+
+def setup_peers_venv(cfg: Config, venv: str) -> None:
+    """Create the peers' virtualenv with the harness's ``setup_venv.sh``; its output goes to stderr
+    without pip's "Location ... is ignored" warnings."""
+    log(f"creating the peers' virtualenv in {venv} (first run only; pip-installs the peer queues)")
+    proc = subprocess.Popen([os.path.join(cfg.peers_dir, "setup_venv.sh")], env={**os.environ, "PEERS_VENV": venv},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if not PIP_NOISE.match(line):
+            sys.stderr.write(line)
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
+
+
+def drop_peer_databases(systems: list[str]) -> None:
+    """Drop the ``bench_<system>`` databases the harness created for ``systems`` (it leaves them
+    behind). Without FORCE: a database someone else is connected to is kept, with a message."""
+    with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
+        for system in systems:
+            name = "bench_" + system.replace("-", "_")
+            try:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            except psycopg.Error as e:
+                log(f"peers: could not drop database {name}: {str(e).strip()}")
+
+
 def run_peers(cfg: Config, workdir: str) -> list[dict]:
     harness = os.path.join(cfg.peers_dir, "harness")
-    if not os.path.isfile(os.path.join(harness, "run_peer.py")):
-        log(f"peers harness not found at {harness}; skipping the peers")
-        return []
     venv = os.environ.get("PEERS_VENV") or os.path.join(tempfile.gettempdir(), "leasequeue-peers-venv")
     peers_py = os.path.join(venv, "bin", "python")
     if cfg.peers and not os.path.exists(peers_py):
-        log(f"creating the peers' virtualenv in {venv} (first run only; pip-installs the peer queues)")
-        subprocess.run([os.path.join(cfg.peers_dir, "setup_venv.sh")], env={**os.environ, "PEERS_VENV": venv},
-                       check=True, stdout=sys.stderr)
+        setup_peers_venv(cfg, venv)
     raw = os.path.join(os.path.dirname(cfg.out), "peers_raw.jsonl")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
+
     def common(system: str) -> list[str]:
         n = min(cfg.peers_n, SLOW_PEERS.get(system, cfg.peers_n))
         return ["--n", str(n), "--reps", str(cfg.peers_reps), "--lat-n", str(cfg.peers_lat_n), "--out", raw]
@@ -836,15 +898,20 @@ def run_peers(cfg: Config, workdir: str) -> list[dict]:
     runs = [("leasequeue", [sys.executable, os.path.join(BENCH, "peer_adapter", "run_harness.py"), harness,
                             "leasequeue", *common("leasequeue")])]
     runs += [(s, [peers_py, os.path.join(harness, "run_peer.py"), s, *common(s)]) for s in cfg.peers]
-    for system, cmd in runs:
-        log(f"peers harness: {system} ({' '.join(cmd[-8:-2])})")
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
-        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
-        if proc.returncode != 0 or line is None:
-            log(f"peers harness: {system} failed (exit {proc.returncode})")
-            results.append({"system": system, "error": True})
-            continue
-        results.append(json.loads(line))
+    log(f"peers harness: {show_path(cfg.peers_dir)}; virtualenv {venv}")
+    try:
+        for system, cmd in runs:
+            log(f"peers harness: {system} ({' '.join(cmd[-8:-2])})")
+            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+            if proc.returncode != 0 or line is None:
+                log(f"peers harness: {system} failed (exit {proc.returncode})")
+                results.append({"system": system, "error": True})
+                continue
+            results.append(json.loads(line))
+    finally:
+        if not cfg.keep:
+            drop_peer_databases([system for system, _ in runs])
     return results
 
 
@@ -873,72 +940,142 @@ TARGETS = {
     "drain 2x4": ">= 15,000 /s and >= 3x best peer",
     "latency notify": "p50 <= 5 ms, p99 <= 20 ms",
     "hot": ">= 90 %",
-    "claim": "10M within 2x of 10k",
+    "claim": "p50 within 2x of the 10k row",
 }
+MAIN_SECTIONS = [s for s in SECTIONS if s != "peers"]
+
+
+def verdict(ok: bool | None, detail: str = "") -> str:
+    """The verdict cell of a row with a target: met / **missed** (or n/a), with ``detail``."""
+    word = "n/a" if ok is None else "met" if ok else "**missed**"
+    return f"{word} ({detail})" if detail else word
+
+
+def best_peer(results: dict) -> dict | None:
+    """The peer (not django-leasequeue) with the highest drain rate in the peers run, or None."""
+    peers = [r for r in results.get("peers") or [] if r["system"] != "leasequeue" and not r.get("error")
+             and r.get("drain_per_s")]
+    return max(peers, key=lambda r: r["drain_per_s"]) if peers else None
+
+
+def drain_verdict(cfg: Config, results: dict, rate: float | None) -> str:
+    if rate is None:
+        return verdict(None)
+    fast = rate >= 15_000
+    best = best_peer(results)
+    if best is None:
+        why = ("peers skipped" if results.get("peers_skipped") else "peers failed" if results.get("peers")
+               else "peers not run")
+        return f"{'met' if fast else '**missed**'}: {'>=' if fast else '<'} 15,000 /s; peer ratio not measured ({why})"
+    ratio = rate / best["drain_per_s"]
+    note = "; quick run: not comparable" if cfg.quick else ""
+    return verdict(fast and ratio >= 3, f"{'>=' if fast else '<'} 15,000 /s; {ratio:.2f}x {best['system']}{note}")
+
+
+def run_label(cfg: Config, results: dict) -> str:
+    """``full``/``quick``, plus which sections ran when not all of them, and the job counts."""
+    ran = [s for s in SECTIONS if s in cfg.sections]
+    parts = ["quick" if cfg.quick else "full"]
+    if ran != SECTIONS:
+        parts[0] += f", partial: {', '.join(ran) if ran else 'nothing'}"
+    if set(ran) & set(MAIN_SECTIONS):
+        parts.append(f"median of {cfg.reps} [min-max]")
+    if "drain" in cfg.sections:
+        parts.append(f"{cfg.jobs:,} jobs per drain")
+    if "peers" in cfg.sections and not results.get("peers_skipped"):
+        parts.append(f"peers {cfg.peers_n:,} jobs per system")
+    return "; ".join(parts)
 
 
 def report(cfg: Config, results: dict) -> str:
     out = []
     w = out.append
-    w(f"# django-leasequeue benchmark ({'quick' if cfg.quick else 'full'}; median of {cfg.reps} "
-      f"[min-max]; {cfg.jobs:,} jobs per drain)")
+    w(f"# django-leasequeue benchmark ({run_label(cfg, results)})")
     w("")
     w(f"Host: {os.cpu_count()} CPUs; load average at start {results['load_start']}, at end {results.get('load_end')}; "
       f"PostgreSQL {results.get('server_version', '?')}, synchronous_commit={results.get('sync_commit', '?')}; "
       f"run took {results.get('duration_s', 0) / 60:.1f} min ({results.get('started', '?')}).")
-    w("")
-    w("| row | result | target |")
-    w("|---|---|---|")
+    if cfg.quick:
+        w("")
+        per_peer = f", {cfg.peers_n:,} per peer" if "peers" in cfg.sections else ""
+        w(f"**Quick run** (smoke test): {cfg.jobs:,} jobs per drain{per_peer}, {cfg.reps} repetition(s). "
+          "The targets and the peer ratios are set for the full run (20,000 jobs, median of 3) and are not "
+          "comparable here: with fewer jobs, start-up and warm-up weigh more (the drain ratio to the best peer "
+          "comes out lower), so the verdicts are indicative only; see docs/performance.md.")
+    if any(s in results for s in MAIN_SECTIONS):
+        w("")
+        w("| row | result | target | verdict |")
+        w("|---|---|---|---|")
     if "enqueue" in results:
         r = results["enqueue"]
+        single = median([x["single_per_s"] for x in r])
+        bulk = median([x["bulk_per_s"] for x in r])
         w(f"| enqueue single (one `enqueue()` per transaction), jobs/s | {spread(r, 'single_per_s')} "
-          f"| {TARGETS['enqueue single']} |")
-        w(f"| enqueue_many (10,000 in one statement), jobs/s | {spread(r, 'bulk_per_s')} | {TARGETS['enqueue bulk']} |")
+          f"| {TARGETS['enqueue single']} | {verdict(None if single is None else single >= 2500)} |")
+        w(f"| enqueue_many (10,000 in one statement), jobs/s | {spread(r, 'bulk_per_s')} | {TARGETS['enqueue bulk']} "
+          f"| {verdict(None if bulk is None else bulk >= 100_000)} |")
     for key, runs in results.get("drain", {}).items():
         p, t, a = key
         target = TARGETS["drain 2x4"] if (p, t) == (2, 4) else ""
+        check = drain_verdict(cfg, results, median([x["jobs_per_s"] for x in runs])) if target else ""
         w(f"| drain {cfg.jobs:,} no-op jobs, {p} process{'es' if p > 1 else ''} x {t} thread{'s' if t > 1 else ''}"
           f"{' (ASYNC_COMPLETIONS)' if a else ''}, jobs/s | {spread(runs, 'jobs_per_s')} "
           f"(jobs/claim {spread(runs, 'jobs_per_claim', 1)}, jobs/completion flush "
-          f"{spread(runs, 'jobs_per_completion_flush', 1)}) | {target} |")
+          f"{spread(runs, 'jobs_per_completion_flush', 1)}) | {target} | {check} |")
     for notify in (True, False):
         runs = results.get("latency", {}).get(notify)
         if runs:
             name = "LISTEN/NOTIFY" if notify else "polling (`--no-notify`, 1 s poll)"
+            check = ""
+            if notify:
+                p50, p99 = median([x["p50_ms"] for x in runs]), median([x["p99_ms"] for x in runs])
+                check = verdict(None if p50 is None or p99 is None else p50 <= 5 and p99 <= 20)
             w(f"| enqueue-to-start latency, {name}, p50 / p99 ms ({cfg.lat_n} jobs) | {spread(runs, 'p50_ms', 1)} / "
-              f"{spread(runs, 'p99_ms', 1)} | {TARGETS['latency notify'] if notify else ''} |")
+              f"{spread(runs, 'p99_ms', 1)} | {TARGETS['latency notify'] if notify else ''} | {check} |")
     if "hot" in results:
         runs = results["hot"]
         pct = [{"v": r["hot_ratio"] * 100 if r["hot_ratio"] is not None else None,
                 "run": r["run_hot_ratio_heartbeats"] * 100 if r["run_hot_ratio_heartbeats"] is not None else None}
                for r in runs]
+        hot = median([x["v"] for x in pct])
         w(f"| HOT heartbeat updates (16 long jobs, lease 1.5 s), % | {spread(pct, 'v', 1)} "
-          f"(whole run, claims and completions excluded: {spread(pct, 'run', 1)}) | {TARGETS['hot']} |")
+          f"(whole run, claims and completions excluded: {spread(pct, 'run', 1)}) | {TARGETS['hot']} "
+          f"| {verdict(None if hot is None else hot >= 90)} |")
+    claims = [row for row in results.get("claim", []) if "rows" in row]
+    small = next((row for row in claims if row["rows"] == 10_000), None)
+    big = max((row for row in claims if row["rows"] >= 10_000_000), key=lambda row: row["rows"], default=None)
     for row in results.get("claim", []):
         if "rows" in row:
+            target = check = ""
+            if row is big and small is not None:  # the target only where there is a 10M row to check
+                target = TARGETS["claim"]
+                check = verdict(row["claim_ms_p50"] <= 2 * small["claim_ms_p50"],
+                                f"{row['claim_ms_p50'] / small['claim_ms_p50']:.2f}x")
             w(f"| claim 10 jobs with {row['rows']:,} finished/future rows in the table, ms per statement | "
               f"p50 {row['claim_ms_p50']:.2f}, p95 {row['claim_ms_p95']:.2f} (server execution "
               f"{row['explain_exec_ms']:.2f}; "
-              f"`leasequeue_job_ready` used: {'yes' if row['uses_ready_index'] else 'NO'}) | "
-              f"{TARGETS['claim'] if row is results['claim'][0] else ''} |")
+              f"`leasequeue_job_ready` used: {'yes' if row['uses_ready_index'] else 'NO'}) | {target} | {check} |")
         else:
             w(f"| retention prune (`job_prune`, batches of 1,000) with {row['prune_rows']:,} rows, ms per batch | "
               f"{row['prune_batch_ms_p50']:.1f} ({row['prune_deleted']:,} rows deleted in 5 batches; "
-              f"`leasequeue_job_finished` used: {'yes' if row['prune_uses_finished_index'] else 'NO'}) | |")
+              f"`leasequeue_job_finished` used: {'yes' if row['prune_uses_finished_index'] else 'NO'}) | | |")
     for key, runs in results.get("drain", {}).items():
         if key == (1, 16, False):
-            w(f"| peak RSS of a worker process with 16 threads (VmHWM), MiB | {spread(runs, 'peak_rss_mb', 1)} | |")
+            w(f"| peak RSS of a worker process with 16 threads (VmHWM), MiB | {spread(runs, 'peak_rss_mb', 1)} | | |")
     if results.get("profile"):
         w("")
         w(f"## Profile of the 2 x 4 drain (py-spy, one extra run at "
           f"{results['profile_run'][0]['jobs_per_s']:,.0f} jobs/s under the profiler)")
         w("")
         w(results["profile"])
+    if results.get("peers_skipped"):
+        w("")
+        w(f"peers: skipped ({results['peers_skipped']})")
     peers = results.get("peers")
     if peers:
         w("")
         w(f"## Peer queues, same harness (median of {cfg.peers_reps} rep(s), {cfg.peers_lat_n} trickle jobs "
-          f"per rep; `{os.path.relpath(cfg.peers_dir, REPO)}`)")
+          f"per rep; `{show_path(cfg.peers_dir)}`)")
         w("")
         w("| system | jobs | enqueue single /s | enqueue bulk /s | drain /s | latency p50 ms | latency p99 ms "
           "| workers |")
@@ -957,7 +1094,10 @@ def report(cfg: Config, results: dict) -> str:
         if ours:
             w("")
             w("Ratios ours/peer (enqueue, drain: higher is better; latency: lower is better). "
-              "`drain (bench)` uses this benchmark's own 2 x 4 drain figure.")
+              "`drain (bench 2x4)` uses this benchmark's own 2 x 4 drain figure"
+              f"{'' if own else ' (n/a: the drain section did not run)'}."
+              + (" Quick run: fewer jobs, so these ratios are not comparable with the full run's." if cfg.quick
+                 else ""))
             w("")
             w("| peer | enqueue single | enqueue bulk | drain (harness) | drain (bench 2x4) "
               "| latency p50 | latency p99 |")
@@ -1021,6 +1161,10 @@ def main(argv: list[str] | None = None) -> int:
         results["server_version"] = c.execute("SHOW server_version").fetchone()[0]
         results["sync_commit"] = c.execute("SHOW synchronous_commit").fetchone()[0]
     log(f"sections {sorted(cfg.sections)}; logs in {workdir}; load {results['load_start']}")
+    if "peers" in cfg.sections:
+        results["peers_skipped"] = peers_skip_reason(cfg)
+        if results["peers_skipped"]:
+            log(f"peers: skipped ({results['peers_skipped']})")
     dbs = Databases(cfg)
     needs_db = cfg.sections - {"peers"}
     try:
@@ -1046,7 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if needs_db and not cfg.keep:
             dbs.drop_all()
-    if "peers" in cfg.sections:
+    if "peers" in cfg.sections and not results["peers_skipped"]:
         results["peers"] = run_peers(cfg, workdir)
     results["load_end"] = load_average()
     results["duration_s"] = time.monotonic() - t_start

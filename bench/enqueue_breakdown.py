@@ -1,0 +1,168 @@
+"""Where the time of one ``enqueue()`` goes: the loops behind docs/performance.md's breakdown.
+
+Measures, back to back on one scratch database, the time per call of (each a loop of ``--n``
+calls, every call its own transaction and commit)::
+
+    enqueue() durable                  Task.enqueue(), synchronous_commit as the server has it
+    enqueue() synchronous_commit off   the same with ``SET synchronous_commit = off`` for this session
+    bare psycopg, 4-column row         INSERT one row of a 4-column table and commit (no Django)
+    bare psycopg, our INSERT           the exact statement and parameters enqueue() sends (captured
+                                       from one call), through psycopg without Django
+    bare psycopg, our INSERT, no NOTIFY  the same with the ``notify`` parameter false
+    build_job() only                   validating one job's arguments and options (Python, no database)
+
+Each row is the median over ``--reps`` rounds; the rounds run the loops in rotation, so load from
+other processes hits them alike. Compare the rows with each other, not with another machine or
+another moment: on a shared machine the absolute figures vary by tens of percent. The py-spy shares
+quoted in docs/performance.md are not reproduced here; take them with
+``py-spy record --idle --format raw -- python bench/enqueue_breakdown.py --only enqueue``.
+
+Usage (from the repository root; creates and drops ``<LQBENCH_DB>_enqbd``, default
+``leasequeue_bench_enqbd``)::
+
+    .venv/bin/python bench/enqueue_breakdown.py [--n 2000] [--reps 3] [--only enqueue,sync_off,...] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+sys.path[:0] = [BENCH, REPO]
+
+import psycopg  # noqa: E402
+
+PG = {k: os.environ.get(f"PG{k.upper()}", d) for k, d in
+      (("host", "127.0.0.1"), ("port", "5432"), ("user", "postgres"), ("password", ""))}
+ROWS = ["enqueue", "sync_off", "plain4", "ours", "ours_no_notify", "build_job"]
+LABELS = {
+    "enqueue": "enqueue() durable",
+    "sync_off": "enqueue() with synchronous_commit off (session)",
+    "plain4": "bare psycopg: INSERT one 4-column row + commit",
+    "ours": "bare psycopg: enqueue()'s INSERT + commit",
+    "ours_no_notify": "bare psycopg: enqueue()'s INSERT without NOTIFY + commit",
+    "build_job": "build_job() only (validation, no database)",
+}
+
+
+def connect(db: str) -> psycopg.Connection:
+    return psycopg.connect(dbname=db, autocommit=True, **{k: v for k, v in PG.items() if v})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="calls per loop (default 2000)")
+    ap.add_argument("--reps", type=int, default=3, help="rounds; each row is the median (default 3)")
+    ap.add_argument("--only", help=f"comma-separated rows among {','.join(ROWS)}")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch database")
+    a = ap.parse_args(argv)
+    rows = [r.strip() for r in a.only.split(",")] if a.only else ROWS
+    if set(rows) - set(ROWS):
+        ap.error(f"unknown row(s) {sorted(set(rows) - set(ROWS))}")
+    db = os.environ.get("LQBENCH_DB", "leasequeue_bench") + "_enqbd"
+    with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{db}"')
+    os.environ["LQBENCH_DB"] = db
+    os.environ["DJANGO_SETTINGS_MODULE"] = "lqbench.settings"
+    try:
+        subprocess.run([sys.executable, os.path.join(BENCH, "manage.py"), "migrate", "-v", "0"], check=True)
+        return run(db, rows, a.n, a.reps)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not a.keep:
+            with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def run(db: str, rows: list[str], n: int, reps: int) -> int:
+    import django
+
+    django.setup()
+    from django.db import connection
+    from lqbench.tasks import noop
+
+    from django_leasequeue import registry
+
+    registry.autodiscover()
+
+    # The statement and parameters of one enqueue(), as Django hands them to psycopg.
+    captured: list[tuple[str, object]] = []
+
+    def capture(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("INSERT"):
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        noop.enqueue()
+    sql, params = captured[0]
+    quiet = {**params, "notify": False} if isinstance(params, dict) else params
+
+    raw = connect(db)
+    raw_cursor = psycopg.ClientCursor(raw)  # client-side binding, as Django's backend uses by default
+    raw.execute("CREATE TABLE IF NOT EXISTS enqbd_plain (id bigserial PRIMARY KEY, queue text NOT NULL, "
+                "payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())")
+
+    def loop(body: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            body()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def sync(value: str) -> None:
+        with connection.cursor() as cur:
+            cur.execute(f"SET synchronous_commit = {value}")
+
+    def sync_off_loop() -> float:
+        sync("off")
+        try:
+            return loop(noop.enqueue)
+        finally:
+            sync("DEFAULT")
+
+    bodies: dict[str, Callable[[], float]] = {
+        "enqueue": lambda: loop(noop.enqueue),
+        "sync_off": sync_off_loop,
+        "plain4": lambda: loop(lambda: raw.execute("INSERT INTO enqbd_plain (queue, payload) VALUES (%s, %s)",
+                                                   ["default", "[]"])),
+        "ours": lambda: loop(lambda: raw_cursor.execute(sql, params)),
+        "ours_no_notify": lambda: loop(lambda: raw_cursor.execute(sql, quiet)),
+        "build_job": lambda: loop(lambda: registry.build_job(noop)),
+    }
+    noop.enqueue()  # warm up the connection and caches
+    results: dict[str, list[float]] = {r: [] for r in rows}
+    with connect("postgres") as c:
+        server_sync = c.execute("SHOW synchronous_commit").fetchone()[0]
+    load = open("/proc/loadavg").read().split()[:3]
+    print(f"[enqueue_breakdown] {n:,} calls per loop, {reps} round(s); load {' '.join(load)}", file=sys.stderr)
+    for rnd in range(reps):
+        for r in rows:
+            results[r].append(bodies[r]())
+            print(f"[enqueue_breakdown] round {rnd + 1}: {r} {results[r][-1]:,.0f} us/call", file=sys.stderr)
+    raw.close()
+    end_load = open("/proc/loadavg").read().split()[:3]
+    print(f"Enqueue breakdown: {n:,} calls per loop, median of {reps} round(s) [min-max]; server "
+          f"synchronous_commit={server_sync}; load average {' '.join(load)} at start, {' '.join(end_load)} at end")
+    print()
+    print("| loop | us per call | calls/s |")
+    print("|---|---|---|")
+    for r in rows:
+        v = results[r]
+        m = statistics.median(v)
+        rng = f" [{min(v):,.0f}-{max(v):,.0f}]" if len(v) > 1 else ""
+        print(f"| {LABELS[r]} | {m:,.1f}{rng} | {1e6 / m:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

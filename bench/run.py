@@ -50,6 +50,7 @@ for the table in docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import os
@@ -133,6 +134,7 @@ class Config:
     profile: bool = False
     write_docs: bool = False
     drop_cache: bool = False
+    render: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -172,9 +174,14 @@ def find_peers_dir() -> str:
 
 
 def show_path(path: str) -> str:
-    """``path`` as every message and table prints it: relative to the repository root, or as
-    ``$PEERS_DIR`` gave it (absolute) when that is set."""
-    return os.path.abspath(path) if os.environ.get("PEERS_DIR") else os.path.relpath(path, REPO)
+    """``path`` as every message and table prints it: as ``$PEERS_DIR`` gave it (absolute) when that
+    is set; ``../shared/bench/peers`` for the default place (relative to the repository, or to the
+    main checkout from a git worktree); otherwise relative to the repository root."""
+    if os.environ.get("PEERS_DIR"):
+        return os.path.abspath(path)
+    if os.path.abspath(path) in peers_candidates():
+        return os.path.join("..", "shared", "bench", "peers")
+    return os.path.relpath(path, REPO)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -197,6 +204,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
                     help="drop the cached large claim-cost databases (rebuilt when needed) and exit")
     ap.add_argument("--write-docs", action="store_true",
                     help="also put the table into docs/performance.md (between its bench-results markers)")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="measure nothing: print the table of an earlier run from its raw results (--out file), "
+                    "in this version's format; with --write-docs, also into docs/performance.md")
     ap.add_argument("--no-async-row", action="store_true", help="skip the 2 x 4 ASYNC_COMPLETIONS drain row")
     ap.add_argument("--db", default=os.environ.get("LQBENCH_DB", "leasequeue_bench"),
                     help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
@@ -232,7 +242,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         peers=(a.peers.split() if a.peers else list(ALL_PEERS)), peers_n=a.peers_n or (1000 if quick else jobs),
         peers_reps=1 if quick else (a.reps or 3), peers_lat_n=a.peers_lat_n or (10 if quick else 40),
         peers_dir=peers_dir,
-        out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache,
+        out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache, render=a.render,
     )
 
 
@@ -841,7 +851,7 @@ def peers_skip_reason(cfg: Config) -> str | None:
     """Why the peers cannot run (the harness is missing), or None."""
     if has_harness(cfg.peers_dir):
         return None
-    where = " or ".join(show_path(p) for p in peers_candidates())
+    where = " or ".join(dict.fromkeys(show_path(p) for p in peers_candidates()))
     return f"harness not found at {where}; set PEERS_DIR"
 
 
@@ -1142,6 +1152,26 @@ def write_docs(text: str) -> None:
     log(f"table written into {DOCS}")
 
 
+def load_results(path: str) -> tuple[Config, dict]:
+    """The configuration and results of an earlier run, from its raw results file (``--out``)."""
+    with open(path) as f:
+        data = json.load(f)
+    conf = {k: v for k, v in data["config"].items() if k in Config.__dataclass_fields__}
+    sections = conf["sections"]  # a list; older files have the str() of a set
+    conf["sections"] = set(ast.literal_eval(sections) if isinstance(sections, str) else sections)
+    cfg = Config(**{**conf, "drains": []})
+    results = dict(data["results"])
+    if "drain" in results:
+        drains = {}
+        for key, runs in results["drain"].items():  # "2x4", "2x4-async"
+            p, _, rest = key.partition("x")
+            drains[(int(p), int(rest.split("-")[0]), rest.endswith("-async"))] = runs
+        results["drain"] = drains
+    if "latency" in results:
+        results["latency"] = {k == "notify": v for k, v in results["latency"].items()}
+    return cfg, results
+
+
 def _terminate(signum, frame):  # run the finally blocks (stop workers) on SIGTERM/SIGHUP
     raise SystemExit(128 + signum)
 
@@ -1153,6 +1183,13 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     if cfg.drop_cache:
         drop_big(cfg, Databases(cfg))
+        return 0
+    if cfg.render:
+        old_cfg, old_results = load_results(cfg.render)
+        text = report(old_cfg, old_results)
+        print(text, flush=True)
+        if cfg.write_docs:
+            write_docs(text)
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="leasequeue-bench-")
@@ -1208,7 +1245,8 @@ def main(argv: list[str] | None = None) -> int:
     if "latency" in serialisable:
         serialisable["latency"] = {("notify" if k else "polling"): v for k, v in results["latency"].items()}
     with open(cfg.out, "w") as f:
-        json.dump({"config": {k: v for k, v in vars(cfg).items() if k != "drains"}, "results": serialisable,
+        config = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(cfg).items() if k != "drains"}
+        json.dump({"config": config, "results": serialisable,
                    "table": text}, f, indent=1, default=str)
     log(f"raw results: {cfg.out}; worker logs and plans: {workdir}")
     return 0

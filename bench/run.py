@@ -987,7 +987,7 @@ def run_label(cfg: Config, results: dict) -> str:
     ran = [s for s in SECTIONS if s in cfg.sections]
     parts = ["quick" if cfg.quick else "full"]
     if ran != SECTIONS:
-        parts[0] += f", partial: {', '.join(ran) if ran else 'nothing'}"
+        parts[0] = f"{'quick, ' if cfg.quick else ''}partial: {', '.join(ran) if ran else 'nothing'}"
     if set(ran) & set(MAIN_SECTIONS):
         parts.append(f"median of {cfg.reps} [min-max]")
     if "drain" in cfg.sections:

@@ -8,7 +8,8 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
   seconds (at most ``PREFETCH_MAX``), so that a busy worker claims in batches instead of one
   statement per freed thread. A prefetched job is leased and heartbeated like a running one; if no
   thread starts it within ``PREFETCH_RELEASE_AFTER`` seconds (a long job got in the way) it is
-  released back to ``ready`` at once (token bumped, not an attempt) for other workers. It sleeps
+  released back to ``ready`` at once (token bumped, not an attempt) for other workers; no thread
+  starts it later than that, nor once its lease is known lost (the process was frozen, say). It sleeps
   until a NOTIFY, freed threads (only when it was saturated) or the poll interval, and runs the
   reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
   When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
@@ -461,7 +462,15 @@ class WorkerService(Service):
         with self._lock:
             if self._inflight.get(item.job.id) is not item:
                 return False  # released (prefetched job not started in time, or shutdown)
-            item.started = True
+            # Too late to start: its lease is known lost, or it waited past the release bound
+            # (the process was frozen, e.g. SIGSTOP, and its lease may be someone else's now).
+            # Left for release_unstarted(), which the heartbeat runs at once.
+            stale = item.ctx.lease_lost or time.monotonic() - item.claimed_at > PREFETCH_RELEASE_AFTER
+            if not stale:
+                item.started = True
+        if stale:
+            self.heartbeat.wake()
+            return False
         started = time.monotonic()
         if item.timeout:
             item.deadline = started + item.timeout

@@ -173,8 +173,15 @@ def test_sigstopped_workers_are_fenced_when_they_resume(spawn):
             assert Probe.objects.filter(job_id=job_id, lease_version=token, kind="fenced", ok=False).exists()
             job = Job.objects.get(pk=job_id)
             assert job.lease_version > token and job.status == "done"
-            notes = [e for e in job.history if e.get("event") == "lease_lost" and e["token"] == token]
-            assert [(n["worker"], n["write"]) for n in notes] in ([(worker_id, "handler")], [(worker_id, "renew")])
+            notes = [(e["worker"], e["write"]) for e in job.history
+                     if e.get("event") == "lease_lost" and e["token"] == token]
+            # The note is best-effort and never waits for the row: it is skipped while the row is
+            # locked, which happens when the victim itself took the job again on waking (jobs of
+            # its own queue) and runs it in fenced_atomic() just then. Others had finished theirs.
+            allowed = [[(worker_id, "handler")], [(worker_id, "renew")]]
+            if job.leased_by == worker_id:
+                allowed.append([])
+            assert notes in allowed, (job_id, token, job.leased_by, job.history)
         for lease in held:
             back = reaped_at(lease)
             if back is None:

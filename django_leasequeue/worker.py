@@ -8,7 +8,8 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
   seconds (at most ``PREFETCH_MAX``), so that a busy worker claims in batches instead of one
   statement per freed thread. A prefetched job is leased and heartbeated like a running one; if no
   thread starts it within ``PREFETCH_RELEASE_AFTER`` seconds (a long job got in the way) it is
-  released back to ``ready`` at once (token bumped, not an attempt) for other workers. It sleeps
+  released back to ``ready`` at once (token bumped, not an attempt) for other workers; no thread
+  starts it later than that, nor once its lease is known lost (the process was frozen, say). It sleeps
   until a NOTIFY, freed threads (only when it was saturated) or the poll interval, and runs the
   reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
   When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
@@ -506,17 +507,20 @@ class WorkerService(Service):
             # (another worker may run the job now) or that an operator cancelled it. Never start
             # the handler then; a cancelled job ends cancelled at once (nothing ran).
             stale = item.ctx.lease_lost or item.ctx.cancel_requested
-            # Nor when, by this process's own clock, the lease may have run out while the job
-            # waited (a heartbeat starved of CPU, or a pause of the whole process): another worker
-            # could be running it. Give it back instead (a fenced release: if the lease did run
-            # out, it writes nothing and the reaper takes the job back).
-            expiring = not stale and time.monotonic() > item.lease_valid_until - start_margin(item.lease)
-            if stale or expiring:
+            # Nor when it is too late by this process's own clock: it waited past the release
+            # bound (PREFETCH_RELEASE_AFTER; the process was frozen, e.g. SIGSTOP), or its lease
+            # may have run out (a heartbeat starved of CPU could not yet report the loss), so
+            # another worker could be running it. Give it back instead (a fenced release: if the
+            # lease did run out, it writes nothing and the reaper takes the job back).
+            now = time.monotonic()
+            too_late = not stale and (now - item.claimed_at > PREFETCH_RELEASE_AFTER
+                                      or now > item.lease_valid_until - start_margin(item.lease))
+            if stale or too_late:
                 del self._inflight[item.job.id]
             else:
                 item.started = True
-        if expiring:
-            self._release(item, reason="lease about to expire before the job started")
+        if too_late:
+            self._release(item, reason="too late to start the job (lease may be gone)")
             return False
         if stale:
             self._drop_unstarted(item)

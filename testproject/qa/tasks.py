@@ -240,13 +240,18 @@ def adv_fenced_commit_fails(context: JobContext, key: str) -> str:
 
 
 @task(name="qa.chaos", takes_context=True, max_attempts=25, backoff=Backoff(base=0.05, factor=2, max=0.5))
-def chaos(context: JobContext, work: float = 0.0) -> None:
+def chaos(context: JobContext, work: float = 0.0, mark: bool = False) -> None:
     """The chaos suite's workload (tests/chaos): work ``work`` seconds, then commit one
     :class:`Effect` keyed by job id and token inside ``fenced_atomic()``, together with the job's
     completion. A refused commit (stale token) leaves a ``Probe(kind="fenced", ok=False)`` row, so
     the ledger can check that no effect exists for that token. ``max_attempts`` is high and the
     backoff short: faults (a dropped connection inside the handler) cost an attempt, and the suite
-    asserts that every job still ends ``done``."""
+    asserts that every job still ends ``done``.
+
+    ``mark``: first write an ``Execution(tag="chaos-started")`` row (outside any fence), so a test
+    can tell a handler that started from a job only claimed (a prefetched job waiting for a thread)."""
+    if mark:
+        _record(context, "chaos-started")
     if work:
         time.sleep(work)
     try:

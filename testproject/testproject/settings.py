@@ -86,6 +86,9 @@ LEASEQUEUE = {
     "SHUTDOWN_GRACE": float(os.environ.get("LEASEQUEUE_SHUTDOWN_GRACE", "10")),
     "BACKOFF_BASE": float(os.environ.get("LEASEQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX": 60,
+    # Prefetch window (seconds; the library's default when unset). The chaos suite widens it for
+    # one worker so that it surely holds prefetched jobs when a fault hits it.
+    "PREFETCH_WAIT": float(os.environ.get("LEASEQUEUE_PREFETCH_WAIT", "0.05")),
     # Bearer token for /leasequeue/metrics (None: staff sessions only).
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
     # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.

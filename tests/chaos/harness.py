@@ -34,14 +34,16 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from qa.models import Effect, Probe
+from qa.models import Effect, Execution, Probe
 
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.models import Job, WorkerProcess
 from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "build" / "reliability.json"
+# ``python -m tests.chaos.report --run`` points this at a scratch copy, so that the file only
+# changes when the suite passed.
+RESULTS = Path(os.environ.get("LEASEQUEUE_CHAOS_RESULTS") or ROOT / "build" / "reliability.json")
 
 # Short leases and a fast embedded reaper, so that a fault costs seconds; SHUTDOWN_GRACE bounds a
 # graceful stop. Every worker process gets these unless a test overrides them.
@@ -70,13 +72,14 @@ FINISHED = ("done", "dead", "cancelled")
 
 def enqueue_chaos(n: int, *, seed: int, long_share: float = 0.005, long_work: tuple[float, float] = (1.0, 3.0),
                   short_share: float = 0.1, short_work: tuple[float, float] = (0.01, 0.08),
-                  max_attempts: int | None = None, queue: str | None = None) -> list[int]:
+                  max_attempts: int | None = None, queue: str | None = None, mark: bool = False,
+                  priority: int | None = None) -> list[int]:
     """Enqueue ``n`` ``qa.chaos`` jobs in one statement; return their ids (in id order).
 
     Most jobs do no work beyond their fenced commit; ``short_share`` of them sleep a few
     milliseconds (so threads are caught mid-job) and ``long_share`` sleep one to three seconds,
     longer than a heartbeat interval (so faults also land mid-heartbeat). ``seed`` makes the mix
-    reproducible.
+    reproducible. ``mark``: each handler writes a started marker first (see :func:`started`).
     """
     rng = random.Random(seed)
     items = []
@@ -88,15 +91,27 @@ def enqueue_chaos(n: int, *, seed: int, long_share: float = 0.005, long_work: tu
             work = round(rng.uniform(*short_work), 3)
         else:
             work = 0.0
-        items.append(([], {"work": work} if work else {}))
+        kwargs: dict[str, object] = {"work": work} if work else {}
+        if mark:
+            kwargs["mark"] = True
+        items.append(([], kwargs))
     before = set(Job.objects.filter(task="qa.chaos").values_list("id", flat=True))
     options = {"max_attempts": max_attempts} if max_attempts else {}
     if queue:
         options["queue"] = queue
+    if priority is not None:
+        options["priority"] = priority
     assert enqueue_many("qa.chaos", items, **options) == n
     ids = sorted(set(Job.objects.filter(task="qa.chaos").values_list("id", flat=True)) - before)
     assert len(ids) == n
     return ids
+
+
+def started(ids: Iterable[int]) -> set[tuple[int, int]]:
+    """``(job id, token)`` of the marked ``qa.chaos`` handlers (``mark=True``) among ``ids`` that
+    have started: a lease without a marker was only claimed (prefetched), not run."""
+    return set(Execution.objects.filter(job_id__in=list(ids), tag="chaos-started").values_list(
+        "job_id", "lease_version"))
 
 
 def remaining(task: str | None = "qa.chaos") -> int:
@@ -359,17 +374,33 @@ def assert_balanced(books: Ledger, *, done: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def attempt_errors(ids: Iterable[int]) -> tuple[int, int]:
+    """``(lease expiries, other failed attempts)``: the error entries of jobs ``ids``, counted as
+    :func:`ledger` counts them."""
+    expiries = failed = 0
+    for errors in Job.objects.filter(id__in=list(ids)).values_list("errors", flat=True):
+        for entry in errors:
+            if entry.get("type") == "LeaseExpired":
+                expiries += 1
+            else:
+                failed += 1
+    return expiries, failed
+
+
 def record(key: str, *, fault: str, jobs: int, faults: int, books: Ledger | None, recovery: float | None,
-           recovery_meaning: str, notes: str = "", **extra: object) -> dict:
+           recovery_meaning: str, notes: str = "", also: Iterable[int] = (), **extra: object) -> dict:
     """Write this run's row of ``build/reliability.json`` (rows are keyed by ``key``; a new run of
-    the same test replaces its row). Returns the row."""
+    the same test replaces its row). ``also``: ids of the run's other jobs (the fault's own: poison
+    handlers, hung jobs...), outside ``books``; their lease expiries and failed attempts are counted
+    in the row too, so that the row's columns cover every job it counts in ``jobs``. Returns the row."""
+    also_expiries, also_failed = attempt_errors(also)
     row = {
         "key": key, "fault": fault, "jobs": jobs, "faults": faults,
         "lost": books.lost if books else 0,
         "duplicate_effects": books.duplicate_effects if books else 0,
         "refused_writes": books.refused_tokens if books else 0,
-        "lease_expiries": books.lease_expiries if books else 0,
-        "failed_attempts": books.failed_attempts if books else 0,
+        "lease_expiries": (books.lease_expiries if books else 0) + also_expiries,
+        "failed_attempts": (books.failed_attempts if books else 0) + also_failed,
         "recovery_s": None if recovery is None else round(recovery, 2),
         "recovery_meaning": recovery_meaning, "notes": notes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

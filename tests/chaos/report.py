@@ -3,14 +3,26 @@
 
 Usage, from the repository root::
 
-    LEASEQUEUE_DB_NAME=lq_chaos python -m tests.chaos.report --run   # run the chaos suite, then render
-    python -m tests.chaos.report                                       # render the last results
-    python -m tests.chaos.report --check                               # exit 1 if the doc is stale
+    LEASEQUEUE_DB_NAME=lq_chaos python -m tests.chaos.report --run          # run the suite, then render
+    LEASEQUEUE_DB_NAME=lq_chaos python -m tests.chaos.report --run -k hang  # rerun some tests, merge their rows
+    python -m tests.chaos.report                                              # render the last results
+    python -m tests.chaos.report --check                                      # exit 1 if the doc is stale
 
 Each chaos test writes its row (fault, jobs, faults injected, jobs lost, duplicate effects,
 recovery time, ...) through :func:`tests.chaos.harness.record`; this script only formats them and
 replaces the parts of the doc between the ``reliability-table`` and ``case-index`` markers.
 Nothing in them is typed by hand.
+
+* ``--run`` runs pytest on ``tests/chaos`` (plus any pytest arguments given, e.g. ``-k hang``)
+  against a scratch copy of the results: ``build/reliability.json`` changes only if the run passed.
+  A full run starts from no rows (a test that no longer exists leaves no row); a run narrowed by
+  pytest arguments keeps the other rows and replaces those of the tests it ran.
+* Rendering refuses (exit 3, naming them) when a row is missing: every ``record("<key>", ...)``
+  call in ``tests/chaos/test_*.py`` must have its row, so a failed or partial run can never turn
+  into a table silently missing a fault.
+* ``--check`` compares the page with the results; without ``build/reliability.json`` (a fresh
+  clone) it checks what the page alone can show: every expected row is in its table, each with
+  0 jobs lost and 0 duplicate effects, and the case index is current.
 """
 
 from __future__ import annotations
@@ -19,8 +31,10 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +47,33 @@ CASES_END = "<!-- case-index:end -->"
 
 # Row order in the table: the issue's list of faults, then the rest.
 ORDER = ["sigkill", "sigstop", "pg_terminate", "c27_outage", "pg_restart", "clock_skew", "hang", "hostile"]
+RECORD_CALL = re.compile(r"""\brecord\(\s*["'](\w+)["']""")
+
+
+TEST_DEF = re.compile(r"^\s*def (test_\w+)\(", re.M)
+
+
+def row_tests(tests: Path = ROOT / "tests" / "chaos") -> dict[str, str]:
+    """``{row key: test function}``: the first argument of every ``record(...)`` call in
+    ``tests/chaos/test_*.py`` and the test it is in (read from the files, so a new test is expected
+    at once)."""
+    found = {}
+    for path in sorted(tests.glob("test_*.py")):
+        text = path.read_text()
+        defs = [(m.start(), m.group(1)) for m in TEST_DEF.finditer(text)]
+        for m in RECORD_CALL.finditer(text):
+            found[m.group(1)] = next((name for at, name in reversed(defs) if at < m.start()), path.stem)
+    return found
+
+
+def expected_rows() -> list[str]:
+    """The row keys the suite writes, in table order."""
+    return sorted(row_tests(), key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k))
+
+
+def missing_rows(data: dict) -> list[str]:
+    """Expected row keys absent from the results ``data``."""
+    return [key for key in expected_rows() if key not in data.get("rows", {})]
 
 
 def _recovery(row: dict) -> str:
@@ -99,24 +140,89 @@ def rendered_doc(table: str, doc: Path = DOC) -> tuple[str, str]:
     return text, new
 
 
+def page_problems(text: str) -> list[str]:
+    """What the page alone shows wrong: expected rows absent from its table (looked up by their
+    ``- **key**:`` line under it), or a row whose jobs lost / duplicate effects is not **0**."""
+    if START not in text or END not in text:
+        return [f"{DOC.relative_to(ROOT)} lacks the reliability-table markers"]
+    body = text.split(START, 1)[1].split(END, 1)[0]
+    problems = [f"row {key!r} missing from the table" for key in expected_rows()
+                if f"- **{key}**:" not in body]
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and not line.startswith("|---") and cells[0] != "fault":
+            if cells[3:5] != ["**0**", "**0**"]:
+                problems.append(f"row {cells[0]!r}: jobs lost {cells[3]}, duplicate effects {cells[4]}")
+    return problems
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(this script's options, pytest's arguments): anything that is not ``--run``, ``--check`` or
+    ``-h``/``--help`` goes to pytest, in order (``--`` is dropped), so ``--run -k hang`` works."""
+    ours, rest = [], []
+    for arg in argv:
+        (ours if arg in ("--run", "--check", "-h", "--help") else rest).append(arg)
+    return ours, [a for a in rest if a != "--"]
+
+
+def run_suite(pytest_args: list[str]) -> int:
+    """Run the chaos suite against a scratch copy of the results; replace ``build/reliability.json``
+    with it only if pytest passed. With ``pytest_args`` (a partial run) the scratch copy starts
+    from the current rows, which the tests that ran replace; without, from none."""
+    with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
+        scratch = Path(tmp) / "reliability.json"
+        if pytest_args and RESULTS.exists():
+            shutil.copyfile(RESULTS, scratch)
+        env = {**os.environ, "LEASEQUEUE_CHAOS_RESULTS": str(scratch)}
+        code = subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/chaos",
+                                *pytest_args], cwd=ROOT, env=env)
+        if code:
+            print(f"chaos suite failed (pytest exit {code}); {RESULTS.relative_to(ROOT)} and the table are "
+                  "not updated", file=sys.stderr)
+            return code
+        if not scratch.exists():
+            print("the run recorded no row (no test selected?); nothing updated", file=sys.stderr)
+            return 5
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(scratch, RESULTS)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ours, pytest_args = split_args(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Other arguments go to pytest with --run (e.g. -k hang).")
     parser.add_argument("--run", action="store_true", help="run the chaos suite first (pytest tests/chaos)")
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if docs/reliability.md differs from the results")
-    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments for --run")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(ours)
+    if pytest_args and not args.run:
+        parser.error(f"pytest arguments {pytest_args} need --run")
     if args.run:
-        RESULTS.unlink(missing_ok=True)  # rows of a test that no longer runs (or is skipped) must not linger
-        code = subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/chaos",
-                                *args.pytest_args], cwd=ROOT, env=os.environ.copy())
+        code = run_suite(pytest_args)
         if code:
-            print("chaos suite failed; the table is not updated", file=sys.stderr)
             return code
     if not RESULTS.exists():
+        if args.check:
+            current = DOC.read_text()
+            problems = page_problems(current)
+            if replace_between(current, CASES_START, CASES_END, case_index()) != current:
+                problems.append("the case index is stale")
+            for problem in problems:
+                print(f"docs/reliability.md: {problem}")
+            print(f"{RESULTS.relative_to(ROOT)} not found (run the suite with --run to compare the figures): "
+                  f"checked the page alone: {'FAILED' if problems else 'ok'}")
+            return 1 if problems else 0
         print(f"{RESULTS} not found: run the chaos suite first (--run)", file=sys.stderr)
         return 2
-    table = render(json.loads(RESULTS.read_text()))
+    data = json.loads(RESULTS.read_text())
+    missing = missing_rows(data)
+    if missing:
+        print(f"{RESULTS.relative_to(ROOT)} lacks the rows {missing} (their tests failed, were skipped or were "
+              "not selected): the table is not rendered. Rerun their tests, e.g. python -m tests.chaos.report --run -k "
+              f"\"{' or '.join(row_tests()[key] for key in missing)}\"", file=sys.stderr)
+        return 3
+    table = render(data)
     current, new = rendered_doc(table)
     if args.check:
         stale = current != new

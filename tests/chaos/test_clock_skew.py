@@ -123,7 +123,7 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     assert all(abs(o - SKEW_DAYS * 86400) < 600 for o in offsets["ahead"]), offsets
     assert all(abs(o + SKEW_DAYS * 86400) < 600 for o in offsets["behind"]), offsets
     record("clock_skew", fault=f"2 of 3 workers with the system clock {SKEW_DAYS} days ahead / behind "
-           f"({method})", jobs=len(all_ids) + len(stamped), faults=2, books=books, recovery=None,
+           f"({method})", jobs=len(all_ids) + len(stamped), faults=2, books=books, recovery=None, also=stamped,
            recovery_meaning="nothing to recover: no lease expired, no write was refused",
            notes=f"done by right/ahead/behind: {by['right'].count()}/{by['ahead'].count()}/{by['behind'].count()}",
            seconds=round(drained, 1))

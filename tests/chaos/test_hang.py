@@ -82,6 +82,7 @@ def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(
     assert name_of(first_by) == "hung" and name_of(retry_by) in ("w1", "w2")
     assert max(recoveries) < 15
     record("hang", fault="handler hangs for good past its timeout=1 s (twice)", jobs=JOBS + 2, faults=2, books=books,
+           also=[first.id, second.id],
            recovery=max(recoveries),
            recovery_meaning="worst time from the task timeout until the retry was claimed by a worker",
            notes=f"a --burst worker with a blocked thread exited {burst_exit:.1f} s after the timeout; SIGTERM with "

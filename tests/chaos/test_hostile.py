@@ -102,6 +102,7 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
            "os._exit, segfault; rows naming os.system & co.",
            jobs=JOBS + CRASH_QUEUE_JOBS + len(RAISING) + len(CRASHING) + len(rows),
            faults=len(RAISING) + len(CRASHING) + len(rows), books=books, recovery=None,
+           also=[*(j.id for j in raisers.values()), *(j.id for j in crashers.values()), *(r.id for r in rows)],
            recovery_meaning="each poison job dead after 2 attempts; crashes restarted by the supervisor",
            notes=f"{len(deaths)} worker deaths (exit statuses {sorted(c for _, c in deaths)}), "
                  f"{len(HOSTILE_PATHS)} hostile task paths never imported", seconds=round(drained, 1))

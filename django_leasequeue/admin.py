@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 from zoneinfo import ZoneInfo
@@ -677,22 +677,21 @@ class JobAdmin(_JobAdminBase):
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: cancel a ready job, or ask a leased job to stop. Needs ``change_job``."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_operate_permission(request):
-            raise PermissionDenied
-        job = self._job_or_404(request, object_id)
-        cancel_jobs(request, [job.pk])
-        return self._back(request, job)
+        return self._operate(request, object_id, cancel_jobs)
 
     def retry_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: make a ready job waiting on its retry backoff due now. Needs ``change_job``."""
+        return self._operate(request, object_id, retry_now_jobs)
+
+    def _operate(self, request: HttpRequest, object_id: str,
+                 operation: Callable[[HttpRequest, list[int]], Any]) -> HttpResponse:
+        """One job's button (POST only, operate permission): run ``operation`` on it, then go back."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_operate_permission(request):
             raise PermissionDenied
         job = self._job_or_404(request, object_id)
-        retry_now_jobs(request, [job.pk])
+        operation(request, [job.pk])
         return self._back(request, job)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:

@@ -123,6 +123,11 @@ class NewJob:
 _JOB_COLUMNS = [cast(str, f.column) for f in Job._meta.concrete_fields]
 _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
 
+# The columns every enqueue path writes, in the order of their SELECT lists below.
+_INSERT_COLUMNS = ("task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, "
+                   "leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit, "
+                   "cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at")
+
 # Insert many jobs in one statement (unnest of parallel arrays), skipping unique-key conflicts.
 # ``ON CONFLICT DO NOTHING`` (no target) covers both partial unique indexes and never raises, so
 # the caller's transaction survives a duplicate; when the conflicting row belongs to a concurrent
@@ -134,9 +139,7 @@ JOB_INSERT = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ins AS (
     INSERT INTO {JOB_TABLE} (
-        task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds,
-        leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit,
-        cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at
+        {_INSERT_COLUMNS}
     )
     SELECT t.task, t.queue, t.priority, 'ready', t.args::jsonb, t.kwargs::jsonb,
            coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts,
@@ -224,9 +227,7 @@ def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
 # what the database decided (id, run_at, created_at); the caller builds the Job from what it sent.
 JOB_INSERT_ONE = f"""
 INSERT INTO {JOB_TABLE} (
-    task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds,
-    leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit,
-    cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at
+    {_INSERT_COLUMNS}
 )
 SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::jsonb,
        coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
@@ -285,9 +286,7 @@ JOB_INSERT_MANY = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ins AS (
     INSERT INTO {JOB_TABLE} (
-        task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds,
-        leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit,
-        cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at
+        {_INSERT_COLUMNS}
     )
     SELECT %(task)s, %(queue)s, %(priority)s, 'ready', a.value, coalesce(k.value, '{{{{}}}}'::jsonb),
            coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,

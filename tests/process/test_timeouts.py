@@ -150,7 +150,9 @@ def test_process_mode_kills_loops_and_gil_holders_at_their_timeout_and_keeps_ser
         assert (row.status, row.attempts) == ("dead", 1)
         assert [e["type"] for e in row.errors] == [TIMED_OUT]
         assert "its child process was killed after 1." in row.errors[0]["message"]
-    row = Job.objects.get(pk=fenced.id)
+    # fenced_atomic() commits "done"; the return value is stored right after, fenced on the token.
+    row = wait_for(lambda: Job.objects.filter(pk=fenced.id, result__isnull=False).first(), timeout=30,
+                   what="the fenced job's result")
     assert (row.status, row.attempts) == ("done", 1)
     assert row.result["pid"] != w.pid
     assert list(Effect.objects.filter(job_id=fenced.id).values_list("lease_version", flat=True)) == [1]

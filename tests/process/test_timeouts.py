@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from qa.models import Effect, Execution
+from qa.models import Effect, Execution, Probe
 
 from django_leasequeue import enqueue, health, metrics
 from django_leasequeue.models import Job
@@ -92,6 +92,21 @@ def test_a_key_limit_of_one_holds_while_a_timed_out_handler_still_runs(spawn):
     assert seen["threads_max"] == seen["threads_min"]
     assert Execution.objects.filter(job_id__in=ids).count() == 12
     assert {tuple(e["type"] for e in j.errors) for j in Job.objects.filter(pk__in=ids)} == {(TIMED_OUT, TIMED_OUT)}
+
+
+def test_a_fenced_write_after_the_timeout_is_refused_on_a_real_worker(spawn):
+    """A handler sleeps 2 s past its ``timeout=1``, then tries ``fenced_atomic()``: refused with
+    JobTimedOut (the token still matches, since the worker kept the lease), nothing committed, and
+    the attempt recorded as timed out; the retry does the same (2 attempts, no effect)."""
+    job = enqueue("qa.fenced_late", ["late"])
+    spawn("runworker", "--concurrency", "2", env=FAST)
+    row = wait_for(lambda: job_in(job.id, "dead"), timeout=60, what="both attempts")
+    assert (row.attempts, row.lease_version) == (2, 2)
+    assert [e["type"] for e in row.errors] == [TIMED_OUT, TIMED_OUT]
+    assert "fenced_atomic() refused to commit" in row.errors[0]["message"]
+    assert Effect.objects.filter(job_id=job.id).count() == 0
+    assert list(Probe.objects.filter(job_id=job.id).order_by("id").values_list("lease_version", "ok")) == [
+        (1, False), (2, False)]
 
 
 def test_a_worker_whose_threads_are_all_stuck_exits_3_and_the_job_is_retried(spawn):

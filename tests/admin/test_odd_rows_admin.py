@@ -89,3 +89,14 @@ def test_the_dashboards_queue_links_are_url_encoded(admin_client):
     page = admin_client.get(DASHBOARD).content.decode()
     assert "queue=a%26b+c%23d" in page  # main: ?status=ready&amp;queue=a&amp;b c#d
     assert "queue=a&amp;b c#d" not in page
+
+
+def test_pausing_a_queue_name_outside_the_grammar_is_refused(admin_client):
+    from django_leasequeue.models import QueueState
+
+    url = reverse("admin:django_leasequeue_dashboard_pause")
+    response = admin_client.post(url, {"queue": "a,b"}, follow=True)  # main: paused a queue --queues cannot name
+    assert "contains &#x27;,&#x27;, which a queue name cannot hold" in response.content.decode()
+    assert not QueueState.objects.filter(paused=True).exists()
+    admin_client.post(url, {"queue": "emails"})
+    assert list(QueueState.objects.filter(paused=True).values_list("name", flat=True)) == ["emails"]

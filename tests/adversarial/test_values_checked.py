@@ -266,3 +266,12 @@ def test_an_error_whose_str_raises_system_exit_is_recorded_as_itself():
 def test_a_timedelta_run_at_message_names_the_delay():
     with pytest.raises(EnqueueError, match="run_at timedelta of .* seconds is more than 100 years away"):
         registry._check_using("t", {"run_at": timedelta(days=100 * 367)})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("queues", [["default", "a,b"], ["*"], [" default"], "default"])
+def test_a_worker_refuses_queue_names_outside_the_grammar(queues):
+    from django_leasequeue.worker import WorkerService
+
+    with pytest.raises(ValueError, match="queue"):
+        WorkerService(queues=queues, reap=False, notify=False)

@@ -120,3 +120,21 @@ def test_the_migration_repairs_existing_bad_rows_before_validating():
     assert sorted(c.id for c in claim(limit=10)) == sorted(j.pk for j in jobs)  # every claim works again
 
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_the_innocent_jobs_of_a_batch_with_a_corrupt_row():
+    """The issue's case through a real in-process worker: 3 innocent ``max_attempts=1`` jobs and a
+    corrupt one claimed in one batch. Before: 0 of 4 ran and all stayed leased. After: 3 done, the
+    corrupt one dead with CorruptRow."""
+    from django_leasequeue.runtime import run_services
+    from django_leasequeue.worker import WorkerService
+
+    innocent = [record.using(max_attempts=1).enqueue(f"innocent-{i}") for i in range(3)]
+    corrupt = record.using(max_attempts=1).enqueue("corrupt")
+    _poison(corrupt.pk, f"args = '[{BIG_INT}]'")
+    worker = WorkerService(concurrency=4, burst=True, poll_interval=0.05, notify=False, reap=False)
+    assert run_services([worker], install_signals=False) == 0
+    assert {j.pk: Job.objects.get(pk=j.pk).status for j in innocent} == {j.pk: "done" for j in innocent}
+    row = Job.objects.get(pk=corrupt.pk)
+    assert (row.status, [e["type"] for e in row.errors]) == ("dead", ["CorruptRow"])

@@ -86,3 +86,10 @@ class LeaseExpired(LeaseLost):
 class SnoozeLimitExceeded(LeaseQueueError):
     """The job snoozed more than ``LEASEQUEUE["MAX_SNOOZES"]`` times and was dead-lettered. Like
     :class:`LeaseExpired`, it names an entry of ``Job.errors`` rather than being raised."""
+
+
+class CorruptRow(LeaseQueueError):
+    """A claimed job row could not be decoded (a number Python cannot read back, arguments that are
+    not a list and an object, a time outside Python's range: a row written by hand or by an older
+    version) and was dead-lettered without running. Like :class:`LeaseExpired`, it names an entry
+    of ``Job.errors`` (its message gives the reason) rather than being raised."""

@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 from zoneinfo import ZoneInfo
 
@@ -58,11 +60,11 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.timesince import timesince
 
 from . import cron, registry, store
-from .conf import get_settings
+from .conf import get_settings, queue_name_problem
 from .exceptions import LeaseQueueError
 from .models import Dashboard, DeadLetter, Job, JobStatus, QueueState, Schedule
 
@@ -123,8 +125,26 @@ def _chunks(ids: list[int]) -> Iterator[list[int]]:
         yield ids[start:start + BULK_CHUNK]
 
 
+# JobJSONDecoder reads an integer past Python's int<->str digit limit (a row written by hand or by
+# an older version) as a Decimal. JSON has no way to write one from Python, so it is written as a
+# marked string and the marks are removed: the page shows the number as it is stored. A NUL cannot
+# occur in a jsonb string, so the mark never matches real data.
+_BIG_NUMBER_MARK = "\x00lq-number:"
+_BIG_NUMBER_RE = re.compile(r'"\\u0000lq-number:(-?[0-9]+)"')
+
+
+def _big_number(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return f"{_BIG_NUMBER_MARK}{value}"
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    except (TypeError, ValueError):
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=_big_number)
+        return _BIG_NUMBER_RE.sub(r"\1", text)
 
 
 def _pre(value: Any, limit: int = JSON_DISPLAY_LIMIT) -> str:
@@ -391,6 +411,10 @@ class ReplayForm(forms.Form):
             value = json.loads(text, parse_constant=no_constant)
         except json.JSONDecodeError as exc:
             raise ValidationError(f"not valid JSON: {exc}")
+        except ValueError as exc:  # an integer past Python's digit limit (4300 digits)
+            raise ValidationError(f"{name}: {exc}; pass such a number as a JSON string")
+        except RecursionError:
+            raise ValidationError(f"{name} is nested too deeply to read")
         if not isinstance(value, kind):
             raise ValidationError(f"{name} must be a JSON {'list' if kind is list else 'object'}")
         try:
@@ -1036,9 +1060,10 @@ class DashboardAdmin(_DashboardAdminBase):
             rows.append({
                 "stats": q,
                 "oldest": duration(q.oldest_ready_age_seconds) if q.ready_due else "—",
-                "ready_url": f"{job_list}?status=ready&queue={q.queue}",
-                "leased_url": f"{job_list}?status=leased&queue={q.queue}",
-                "dead_url": f"{dead_list}?queue={q.queue}",
+                # Encoded: a queue name written before names had a grammar may hold & # + or spaces.
+                "ready_url": f"{job_list}?{urlencode({'status': 'ready', 'queue': q.queue})}",
+                "leased_url": f"{job_list}?{urlencode({'status': 'leased', 'queue': q.queue})}",
+                "dead_url": f"{dead_list}?{urlencode({'queue': q.queue})}",
             })
         workers = [{"info": w, "age": duration(w.heartbeat_age_seconds), "stuck": duration(w.stuck_seconds)}
                    for w in snap.workers]
@@ -1071,6 +1096,9 @@ class DashboardAdmin(_DashboardAdminBase):
         name = request.POST.get("queue", "").strip()
         if not name or len(name) > 100:
             messages.error(request, "No queue given.")
+        elif pause and queue_name_problem(name):
+            # Resuming stays possible for a queue paused under a name written before the grammar.
+            messages.error(request, str(queue_name_problem(name)))
         elif pause:
             changed = store.queue_pause(name, by=_by(request))
             messages.success(request, f"Queue {name!r} is paused: workers claim nothing from it until it is "

@@ -90,6 +90,7 @@ from .compat_tasks import (
     task_finished,
     task_started,
 )
+from .conf import queue_name_problem
 from .context import JobContext
 from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
 from .retry import Backoff, BackoffLike
@@ -796,8 +797,9 @@ class LeaseQueueBackend(BaseTaskBackend):
         name = task.module_path
         if len(name) > 255:
             raise InvalidTask(f"task path {name!r} is longer than 255 characters")
-        if not isinstance(task.queue_name, str) or not 0 < len(task.queue_name) <= 100:
-            raise InvalidTask(f"queue_name must be 1 to 100 characters, got {task.queue_name!r}")
+        problem = queue_name_problem(task.queue_name, "queue_name")
+        if problem:
+            raise InvalidTask(problem)
         try:
             own = _options_of(task)
             registry.check_task_options(name, priority=int(task.priority), max_attempts=own.max_attempts,

@@ -40,6 +40,70 @@ def check_lease_seconds(value: Any, what: str) -> str | None:
     return None
 
 
+#: The longest queue name (``Job.queue`` and ``QueueState.name`` hold 100 characters).
+MAX_QUEUE_NAME_LENGTH = 100
+#: The one grammar of queue names: ASCII letters, digits and ``_ . : -``. No spaces (``" default"``
+#: is not ``"default"``), no commas (``runworker --queues`` separates names with them) and no ``*``
+#: (``--queues '*'`` means every queue), so every queue can be named on the command line.
+QUEUE_NAME_RE = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_QUEUE_NAME_LENGTH}}}")
+
+
+def queue_name_problem(value: Any, what: str = "queue name") -> str | None:
+    """Return why ``value`` is not a valid queue name, or None if it is.
+
+    The grammar is :data:`QUEUE_NAME_RE`: 1 to 100 characters among ``A-Z a-z 0-9 _ . : -``. Used by
+    enqueue, the settings (``QUEUES``, ``DEFAULT_QUEUE``), ``runworker --queues`` and the queue
+    pause/resume functions, so a queue one of them accepts is one every other can name.
+
+    Args:
+        value: the candidate (any object; only a str can be valid).
+        what: how to name it in the message (e.g. ``"LEASEQUEUE['DEFAULT_QUEUE']"``).
+
+    Returns:
+        A message naming ``what`` and the value, or None.
+    """
+    if isinstance(value, str) and QUEUE_NAME_RE.fullmatch(value):
+        return None
+    if isinstance(value, str) and len(value) > MAX_QUEUE_NAME_LENGTH:
+        return f"{what} is {len(value)} characters long; the limit is {MAX_QUEUE_NAME_LENGTH}: {value[:40]!r}..."
+    rule = (f"use 1 to {MAX_QUEUE_NAME_LENGTH} characters among letters A-Z a-z, digits and _ . : - "
+            "(no spaces, commas or '*')")
+    if not isinstance(value, str) or not value:
+        return f"{what} must be a non-empty str, got {value!r}: {rule}"
+    bad = next(c for c in value if not QUEUE_NAME_RE.fullmatch(c))
+    detail = "a NUL character" if bad == "\x00" else repr(bad)
+    return f"{what} {value!r} contains {detail}, which a queue name cannot hold: {rule}"
+
+
+def parse_queue_list(text: str | None, what: str = "--queues") -> list[str] | None:
+    """Parse a comma-separated list of queue names (``runworker --queues``).
+
+    Spaces around names are ignored; ``None``, ``""`` and ``"*"`` mean every queue.
+
+    Args:
+        text: the option's value.
+        what: how to name the option in the message.
+
+    Returns:
+        The names in order without duplicates, or None for every queue.
+
+    Raises:
+        ConfigurationError: a name that is not a valid queue name (:func:`queue_name_problem`),
+            such as an empty item (``"a,,b"``) or ``*`` among other names.
+    """
+    if text is None or text.strip() in ("", "*"):
+        return None
+    names: list[str] = []
+    for item in text.split(","):
+        name = item.strip()
+        problem = queue_name_problem(name, f"{what}: queue")
+        if problem:
+            raise ConfigurationError(problem)
+        if name not in names:
+            names.append(name)
+    return names
+
+
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim holds a job before another worker may take it; renewed by heartbeats.
     "LEASE": 30.0,
@@ -269,6 +333,9 @@ def build(raw: dict[str, Any] | None) -> Settings:
             raise ConfigurationError(f"LEASEQUEUE[{key!r}] must be > 0, got {merged[key]!r}")
     if merged["SHUTDOWN_GRACE"] is None or merged["SHUTDOWN_GRACE"] < 0:
         raise ConfigurationError("LEASEQUEUE['SHUTDOWN_GRACE'] must be >= 0")
+    if merged["BACKOFF_MAX"] > 100 * 366 * 24 * 3600.0:
+        # retry.MAX_BACKOFF_SECONDS: a longer retry delay overflows the database's interval arithmetic.
+        raise ConfigurationError(f"LEASEQUEUE['BACKOFF_MAX'] must be at most 100 years, got {merged['BACKOFF_MAX']!r}")
     if merged["BACKOFF_MAX"] < merged["BACKOFF_BASE"]:
         raise ConfigurationError("LEASEQUEUE['BACKOFF_MAX'] must be >= BACKOFF_BASE")
     if not 0 <= merged["BACKOFF_JITTER"] <= 1:
@@ -291,7 +358,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
     queues = merged["QUEUES"]
     if queues is not None:
         if isinstance(queues, (list, tuple, set, frozenset)):
-            queues = {str(q): {} for q in queues}
+            queues = {q: {} for q in queues}
         elif isinstance(queues, dict):
             for name, cfg in queues.items():
                 if cfg is not None and not isinstance(cfg, dict):
@@ -299,9 +366,16 @@ def build(raw: dict[str, Any] | None) -> Settings:
                         f"LEASEQUEUE['QUEUES'][{name!r}] must be a dict of options such as "
                         f"{{'rate_limit': '100/m'}}, got {cfg!r}"
                     )
-            queues = {str(q): dict(cfg or {}) for q, cfg in queues.items()}
+            queues = {q: dict(cfg or {}) for q, cfg in queues.items()}
         else:
             raise ConfigurationError("LEASEQUEUE['QUEUES'] must be None, a list of names or a dict")
+        for name in queues:
+            problem = queue_name_problem(name, "LEASEQUEUE['QUEUES'] key")
+            if problem:
+                raise ConfigurationError(problem)
+    problem = queue_name_problem(merged["DEFAULT_QUEUE"], "LEASEQUEUE['DEFAULT_QUEUE']")
+    if problem:
+        raise ConfigurationError(problem)
     monitoring = _build_monitoring(merged)
     rate_limits = _queue_options(queues) if queues else {}
     return Settings(

@@ -102,3 +102,10 @@ class Interrupted(LeaseQueueError):
     """The job's handler was cut short by graceful stops more than ``LEASEQUEUE["MAX_INTERRUPTIONS"]``
     times and the job was dead-lettered. Like :class:`LeaseExpired`, it names an entry of
     ``Job.errors`` rather than being raised."""
+
+
+class CorruptRow(LeaseQueueError):
+    """A claimed job row could not be decoded (a number Python cannot read back, arguments that are
+    not a list and an object, a time outside Python's range: a row written by hand or by an older
+    version) and was dead-lettered without running. Like :class:`LeaseExpired`, it names an entry
+    of ``Job.errors`` (its message gives the reason) rather than being raised."""

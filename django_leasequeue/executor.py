@@ -36,7 +36,7 @@ from . import child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
 from .exceptions import JobCancelled, JobTimedOut, LeaseLost, PayloadNotSerializable, Snooze, UnknownTask
-from .retry import Backoff, as_backoff
+from .retry import Backoff, as_backoff, clamp_delay
 from .runtime import close_broken_connections
 
 logger = logging.getLogger("django_leasequeue.executor")
@@ -65,17 +65,31 @@ class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never
 
 
 def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str, Any]:
-    """Build the JSON error entry for a failed attempt; never raises, whatever ``exc`` is."""
+    """Build the JSON error entry for a failed attempt; never raises, whatever ``exc`` is.
+
+    Args:
+        exc: the handler's exception (any ``BaseException``).
+        attempt: the attempt number (1-based). worker: the worker id.
+
+    Returns:
+        ``{"attempt", "type", "message", "traceback", "worker"}``, every text storable in jsonb.
+        A ``__str__`` or ``__repr__`` that raises, even a ``BaseException`` such as SystemExit, gives
+        ``<unprintable Name>`` instead of losing the failure.
+    """
     cls = type(exc)
     try:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+    except BaseException:  # noqa: BLE001 - a metaclass with hostile attributes
+        name = "<unknown exception type>"
+    try:
         message = str(exc)
-    except Exception:  # a broken __str__ must not lose the failure (case C25)
-        message = f"<unprintable {cls.__name__}>"
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not lose the failure (case C25)
+        message = f"<unprintable {getattr(cls, '__name__', 'exception')}>"
     try:
         tb = "".join(traceback.format_exception(exc))
-    except Exception:
+    except BaseException:  # noqa: BLE001 - format_exception calls the same __str__
         tb = ""
-    return {"attempt": attempt, "type": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+    return {"attempt": attempt, "type": storable_text(name),
             "message": storable_text(message[:MAX_MESSAGE]), "traceback": storable_text(tb[-MAX_TRACEBACK:]),
             "worker": worker}
 
@@ -188,13 +202,7 @@ class Executor:
                 logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
                 signals.emit("succeeded", **fields)
                 return "done"
-            backoff = as_backoff(spec.backoff, self.default_backoff)
-            try:
-                delay = max(0.0, float(backoff(job.attempts)))
-            except Exception:
-                logger.exception("job %s: backoff function failed; using the default", job.id)
-                delay = self.default_backoff.delay(job.attempts)
-            return self._fail(job, ctx, exc, retry_delay=delay, fields=fields)
+            return self._fail(job, ctx, exc, retry_delay=self._retry_delay(spec, job), fields=fields)
         if ctx.completed_in_transaction:
             # fenced_atomic() marked the job done before the handler returned: store the return
             # value now, fenced on the same token (a JSON-incompatible value is logged, not fatal:
@@ -326,11 +334,23 @@ class Executor:
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
         try:
-            spec = registry.get_task(job.task)
-            delay: float | None = max(0.0, float(as_backoff(spec.backoff, self.default_backoff)(job.attempts)))
-        except Exception:
-            delay = self.default_backoff.delay(job.attempts)
+            delay = self._retry_delay(registry.get_task(job.task), job)
+        except UnknownTask:
+            delay = clamp_delay(self.default_backoff.delay(job.attempts))
         return self._fail(job, ctx, JobTimedOut(message), retry_delay=delay, fields=fields)
+
+    def _retry_delay(self, spec: Any, job: store.ClaimedJob) -> float:
+        """The seconds before the retry of ``job``'s failed attempt, from the task's backoff option.
+
+        Never raises: whatever the retry-policy code does (a bad option, an exception, even a
+        ``BaseException`` such as SystemExit, NaN), the default policy's delay is used and the
+        handler's own error is still the one recorded.
+        """
+        try:
+            return clamp_delay(as_backoff(spec.backoff, self.default_backoff)(job.attempts))
+        except BaseException:  # noqa: BLE001 - the retry policy must never take the handler's error with it
+            logger.exception("job %s: the task's backoff failed; using the default", job.id)
+            return clamp_delay(self.default_backoff.delay(job.attempts))
 
     def _call(self, spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
         args = list(job.args or [])

@@ -8,13 +8,37 @@ index, so heartbeat renewals can be HOT updates.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, router
 from django.db.models import Q
+
+
+def _parse_int(text: str) -> int | Decimal:
+    try:
+        return int(text)
+    except ValueError:
+        return Decimal(text)
+
+
+class JobJSONDecoder(json.JSONDecoder):
+    """Decodes the job table's JSON columns like :class:`json.JSONDecoder`, except that an integer
+    of more than ``sys.get_int_max_str_digits()`` (4300) digits becomes a :class:`~decimal.Decimal`
+    of the same value instead of raising ValueError.
+
+    Enqueue refuses such integers, but a row written by hand or by an older version may hold one;
+    without this, reading that row through the ORM (the admin's job page, ``refresh_from_db()``)
+    raised. The worker does not run such a job: its claim dead-letters it as ``CorruptRow``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parse_int", _parse_int)
+        super().__init__(*args, **kwargs)
 
 
 class JobStatus(models.TextChoices):
@@ -49,8 +73,8 @@ class Job(models.Model):
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
     status = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.READY)
-    args = models.JSONField(default=list, blank=True)
-    kwargs = models.JSONField(default=dict, blank=True)
+    args = models.JSONField(decoder=JobJSONDecoder, default=list, blank=True)
+    kwargs = models.JSONField(decoder=JobJSONDecoder, default=dict, blank=True)
     run_at = models.DateTimeField(help_text="due when run_at <= the database clock")
     attempts = models.PositiveIntegerField(default=0, help_text="claims so far (a claim is an attempt)")
     max_attempts = models.PositiveIntegerField(default=5)
@@ -74,9 +98,10 @@ class Job(models.Model):
         "Schedule", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs", db_index=False
     )
     occurrence_at = models.DateTimeField(null=True, blank=True)
-    errors = models.JSONField(default=list, blank=True)
-    history = models.JSONField(default=list, blank=True, help_text="operator events: replay, edit, cancel")
-    result = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(decoder=JobJSONDecoder, default=list, blank=True)
+    history = models.JSONField(decoder=JobJSONDecoder, default=list, blank=True,
+                               help_text="operator events: replay, edit, cancel")
+    result = models.JSONField(decoder=JobJSONDecoder, null=True, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True, help_text="first claim")
     attempted_at = models.DateTimeField(null=True, blank=True, help_text="latest claim")

@@ -15,10 +15,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
-from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, get_settings
+from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, get_settings, queue_name_problem
 from .exceptions import (
     ArgumentsMismatch,
     ConfigurationError,
@@ -47,6 +47,8 @@ _NAME_SOURCES: list[Callable[[], Iterable[str]]] = []
 _autodiscovered = False
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: The largest per-key concurrency limit (the column is an int; no key needs more slots).
+MAX_CONCURRENCY_LIMIT = 1_000_000
 
 
 class JobOptions(TypedDict, total=False):
@@ -133,11 +135,13 @@ class Task(Generic[P, R]):
 
         Raises:
             TypeError: an unknown option.
+            EnqueueError: a bad value (the same checks and messages as :func:`enqueue`).
         """
         allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        _check_using(self.name, dict(options))
         return dataclasses.replace(self, **options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
@@ -220,7 +224,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
     def register(fn: Callable[..., Any]) -> Task[..., Any]:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
         check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease, timeout=timeout,
-                           concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
+                           backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                           queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
         spec: Task[..., Any] = Task(
             func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
             lease=lease, timeout=timeout, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
@@ -234,17 +239,28 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
 
 def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int | None = None,
                        lease: float | None = None, timeout: float | None = None, backoff: Any = None,
-                       concurrency_key: Any = None, concurrency_limit: int | None = None) -> None:
+                       concurrency_key: Any = None, concurrency_limit: int | None = None,
+                       queue: str | None = None, takes_context: bool = False,
+                       manual_heartbeat: bool = False) -> None:
     """Validate a task's options (shared by :func:`task` and the Django tasks backend).
 
     Args:
-        task_name: used in the messages.
-        priority: int, -100..100. max_attempts: int >= 1 or None. lease, timeout: seconds > 0 or
-            None. backoff: anything :func:`retry.as_backoff` accepts, or None.
+        task_name: the registry name (a non-empty str of at most 255 characters, no NUL).
+        priority: int, -100..100. max_attempts: int from 1 to ``MAX_ATTEMPTS_LIMIT`` or None.
+        lease: seconds in (0, 7 days] or None. timeout: finite seconds > 0 or None.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, a number of seconds from 0 to 100
+            years, a callable ``attempt -> seconds``, or None.
+        concurrency_key: a ``str.format`` template or a callable, with ``concurrency_limit`` (an
+            int from 1 to ``MAX_CONCURRENCY_LIMIT``); both or neither.
+        queue: a queue name (see :func:`~django_leasequeue.conf.queue_name_problem`) or None.
+        takes_context, manual_heartbeat: bool.
 
     Raises:
         ConfigurationError: naming the task and the bad option.
     """
+    if not isinstance(task_name, str) or not task_name or len(task_name) > 255 or "\x00" in task_name:
+        raise ConfigurationError(f"task name {task_name!r} must be a non-empty str of at most 255 characters "
+                                 "without NUL")
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
     if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
@@ -264,12 +280,24 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
 
         try:
             as_backoff(backoff, Backoff())
-        except TypeError as exc:
-            raise ConfigurationError(f"task {task_name!r}: {exc}")
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"task {task_name!r}: {exc}") from None
+    if queue is not None:
+        problem = queue_name_problem(queue, f"task {task_name!r}: queue")
+        if problem:
+            raise ConfigurationError(problem)
+    for option, flag in (("takes_context", takes_context), ("manual_heartbeat", manual_heartbeat)):
+        if not isinstance(flag, bool):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be True or False, got {flag!r}")
     if (concurrency_key is None) != (concurrency_limit is None):
         raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
-    if concurrency_limit is not None and concurrency_limit < 1:
-        raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be >= 1")
+    if concurrency_key is not None and not (isinstance(concurrency_key, str) or callable(concurrency_key)):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_key must be a str.format template or a callable, "
+                                 f"got {concurrency_key!r}")
+    if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+                                          or not 1 <= concurrency_limit <= MAX_CONCURRENCY_LIMIT):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be an int from 1 to "
+                                 f"{MAX_CONCURRENCY_LIMIT}, got {concurrency_limit!r}")
 
 
 def register_task(spec: Task[..., Any]) -> None:
@@ -619,6 +647,67 @@ def _check_name(value: Any, what: str, max_length: int) -> None:
         raise EnqueueError(f"{what} {value!r} is not valid UTF-8") from None
 
 
+# The earliest and latest run_at accepted, in UTC. PostgreSQL stores far wider timestamps, but
+# Python's datetime ends at years 1 and 9999: a run_at past 9999-12-31 in UTC (an aware value near
+# the end of year 9999 in a zone west of UTC) is written, then cannot be read back, so enqueue would
+# raise after the INSERT and every page listing the job would fail. A day of margin on each side
+# keeps the value printable in every time zone (UTC-12 to UTC+14).
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+
+
+def _check_run_at_range(run_at: datetime) -> None:
+    """Refuse an aware ``run_at`` whose UTC value is outside [:data:`RUN_AT_MIN`, :data:`RUN_AT_MAX`].
+
+    Raises:
+        EnqueueError: naming the value and the range.
+    """
+    try:
+        utc = run_at.astimezone(UTC)
+    except (OverflowError, ValueError):
+        utc = None
+    if utc is None or not RUN_AT_MIN <= utc <= RUN_AT_MAX:
+        raise EnqueueError(f"run_at {run_at.isoformat()} is outside the range a job can be stored and read back "
+                           f"with: {RUN_AT_MIN.isoformat()} to {RUN_AT_MAX.isoformat()} in UTC")
+
+
+def _check_using(task_name: str, options: dict[str, Any]) -> None:
+    """Validate the options given to :meth:`Task.using` now, not at the next enqueue.
+
+    Raises:
+        EnqueueError: naming the bad option, with the message :func:`build_job` would give.
+    """
+    queue = options.get("queue")
+    if queue is not None:
+        problem = queue_name_problem(queue, "queue")
+        if problem:
+            raise EnqueueError(problem)
+    priority = options.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+    attempts = options.get("max_attempts")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)
+                                 or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT):
+        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+    _check_lease(options.get("lease"), f"task {task_name!r}: lease", EnqueueError)
+    scope = options.get("unique_scope", "retained")
+    if scope not in ("retained", "active"):
+        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {scope!r}")
+    if options.get("unique_key") is not None:
+        _check_name(options["unique_key"], "unique_key", 255)
+    run_at = options.get("run_at")
+    if isinstance(run_at, timedelta):
+        if abs(run_at.total_seconds()) > MAX_DELAY_SECONDS:
+            raise EnqueueError(f"run_at timedelta of {run_at.total_seconds():.0f} seconds is more than 100 years away")
+    elif run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise EnqueueError(f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
+                               "(django.utils.timezone.make_aware) or a timedelta")
+        _check_run_at_range(run_at)
+
+
 def _check_lease(value: Any, what: str, error: type[Exception]) -> None:
     """A lease is None (the worker's default) or finite seconds in (0, 7 days]."""
     problem = check_lease_seconds(value, what) if value is not None else None
@@ -666,8 +755,11 @@ def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[st
                                             names=_positional_names(enqueue_signature(spec)))
     if check_signature:
         check_arguments_bind(spec, args, kwargs)
+    _check_name(spec.name, "task name", 255)
     queue = queue or spec.queue or settings.default_queue
-    _check_name(queue, "queue", MAX_QUEUE_LENGTH)
+    problem = queue_name_problem(queue, "queue")
+    if problem:
+        raise EnqueueError(problem)
     if not settings.queue_allowed(queue):
         raise EnqueueError(f"unknown queue {queue!r}; LEASEQUEUE['QUEUES'] allows {sorted(settings.queues or [])}")
     priority = spec.priority if priority is None else priority
@@ -683,7 +775,7 @@ def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[st
     if isinstance(run_at, timedelta):
         delay, run_at = run_at.total_seconds(), None
         if abs(delay) > MAX_DELAY_SECONDS:
-            raise EnqueueError(f"run_at timedelta {run_at!r} is more than 100 years away")
+            raise EnqueueError(f"run_at timedelta of {delay:.0f} seconds is more than 100 years away")
     elif run_at is not None:
         if not isinstance(run_at, datetime):
             raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
@@ -692,12 +784,18 @@ def build_job(spec: Task[..., Any], args: Sequence[Any] = (), kwargs: Mapping[st
                 f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
                 "(django.utils.timezone.make_aware) or a timedelta"
             )
+        _check_run_at_range(run_at)
     unique_key = spec.unique_key if unique_key is None else unique_key
     unique_scope = unique_scope or spec.unique_scope
     if unique_scope not in ("retained", "active"):
         raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {unique_scope!r}")
     if unique_key is not None:
         _check_name(unique_key, "unique_key", 255)
+    if spec.concurrency_limit is not None and (
+            isinstance(spec.concurrency_limit, bool) or not isinstance(spec.concurrency_limit, int)
+            or not 1 <= spec.concurrency_limit <= MAX_CONCURRENCY_LIMIT):
+        raise EnqueueError(f"task {spec.name!r}: concurrency_limit must be an int from 1 to "
+                           f"{MAX_CONCURRENCY_LIMIT}, got {spec.concurrency_limit!r}")
     conc_key = None
     if spec.concurrency_key is not None:
         try:

@@ -728,7 +728,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
         with _cursor(alias) as cur:
             cur.execute(sql, params)
-            return _connection_times(ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall())), alias)
+            rows = cur.fetchall()
+        return _decode_claims(_claim_order(rows), alias, worker_id=worker_id, now=now)
     names = list(queues) if queues is not None else rated
     params["queues"] = names
     params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
@@ -742,26 +743,95 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         cur.execute(sql, params)
         rows = cur.fetchall()
     waits = _load(rows[0][16]) if rows else {}
-    return _connection_times(ClaimResult((_claimed(r) for r in _claim_order([r for r in rows if r[0] is not None])),
-                                         throttled={k: float(v) for k, v in (waits or {}).items()}), alias)
+    return _decode_claims(_claim_order([r for r in rows if r[0] is not None]), alias, worker_id=worker_id, now=now,
+                          throttled={k: float(v) for k, v in (waits or {}).items()})
 
 
 _TIME_FIELDS = ("leased_until", "claimed_at", "created_at", "started_at")
+
+
+def _connection_zone(alias: str) -> zoneinfo.ZoneInfo | None:
+    """The zone claimed times are converted to on ``alias`` (see :func:`_connection_times`), or None
+    to keep them aware in UTC."""
+    connection = connections[alias]
+    if connection.timezone is not None or not connection.timezone_name:
+        return None  # USE_TZ = True: aware, as decoded (or no TIME_ZONE to convert to)
+    return zoneinfo.ZoneInfo(connection.timezone_name)
+
+
+def _to_zone(job: ClaimedJob, zone: zoneinfo.ZoneInfo) -> None:
+    values = job.__dict__  # frozen dataclass: fill its __dict__ as _claimed() does
+    for name in _TIME_FIELDS:
+        if values[name] is not None:
+            values[name] = values[name].astimezone(zone).replace(tzinfo=None)
 
 
 def _connection_times(jobs: ClaimResult, alias: str) -> ClaimResult:
     """Give the claim's times (decoded from epoch microseconds as aware UTC) the form of every other
     read on ``alias``: with ``USE_TZ = False`` Django reads timestamptz as naive datetimes in the
     connection's time zone (the ORM, lease renewals), and mixing both would raise TypeError."""
-    connection = connections[alias]
-    if not jobs or connection.timezone is not None or not connection.timezone_name:
-        return jobs  # USE_TZ = True: aware, as decoded (or no TIME_ZONE to convert to)
-    zone = zoneinfo.ZoneInfo(connection.timezone_name)
-    for job in jobs:
-        values = job.__dict__  # frozen dataclass: fill its __dict__ as _claimed() does
-        for name in _TIME_FIELDS:
-            if values[name] is not None:
-                values[name] = values[name].astimezone(zone).replace(tzinfo=None)
+    zone = _connection_zone(alias) if jobs else None
+    if zone is not None:
+        for job in jobs:
+            _to_zone(job, zone)
+    return jobs
+
+
+# Dead-letter a claimed row that cannot be decoded (CorruptRow): fenced on the token the claim just
+# gave it, so a row another worker has claimed since is left alone. The row keeps every value as it
+# is, for the operator to read in SQL; only the state, the lease and the error list change. errors
+# itself may be what is corrupt, so a value that is not an array is replaced, not appended to.
+JOB_DEAD_CORRUPT = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET status = 'dead',
+    finished_at = clock.now,
+    leased_until = NULL,
+    errors = CASE WHEN jsonb_typeof(j.errors) = 'array' THEN j.errors ELSE '[]'::jsonb END
+             || jsonb_build_array(jsonb_build_object(
+                 'attempt', j.attempts, 'type', 'CorruptRow', 'message', %(reason)s::text, 'traceback', '',
+                 'worker', %(worker)s::text, 'at', clock.now))
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
+RETURNING j.id
+"""
+
+
+def _decode_claims(rows: Sequence[Sequence[Any]], alias: str, *, worker_id: str, now: datetime | None,
+                   throttled: Mapping[str, float] | None = None) -> ClaimResult:
+    """Decode claimed rows (in claim order) one at a time into a :class:`ClaimResult`.
+
+    A row that cannot be decoded (a number Python refuses to read back, arguments that are not a
+    list and an object, a time outside Python's datetime range: a row written by hand or by an older
+    version) is dead-lettered at once with a ``CorruptRow`` error naming the reason, fenced on its
+    new token, and left out; the rest of the batch runs. The claim has already committed (or will,
+    with the caller's transaction), so raising instead would leave every row of the batch leased
+    with no one to run it.
+    """
+    zone = _connection_zone(alias) if rows else None
+    jobs = ClaimResult(throttled=throttled)
+    corrupt: list[tuple[int, int, str]] = []
+    for r in rows:
+        try:
+            job = _claimed(r)
+            if type(job.args) is not list or type(job.kwargs) is not dict:
+                raise TypeError(f"args is a JSON {type(job.args).__name__} and kwargs a JSON "
+                                f"{type(job.kwargs).__name__}; they must be a list and an object")
+            if zone is not None:
+                _to_zone(job, zone)
+        except Exception as exc:  # noqa: BLE001 - one bad row harms only itself
+            corrupt.append((r[0], r[7], f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
+            continue
+        jobs.append(job)
+    if corrupt:
+        import logging
+
+        log = logging.getLogger("django_leasequeue.store")
+        with _cursor(alias) as cur:
+            for job_id, version, reason in corrupt:
+                log.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
+                cur.execute(JOB_DEAD_CORRUPT, {"now": now, "id": job_id, "version": version, "reason": reason,
+                                               "worker": worker_id})
     return jobs
 
 
@@ -2215,7 +2285,8 @@ def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: date
     params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
     with _cursor(alias) as cur:
         cur.execute(JOB_CLAIM_IDS, params)
-        return _connection_times(ClaimResult(_claimed(r) for r in _claim_order(cur.fetchall())), alias or db_alias())
+        rows = cur.fetchall()
+    return _decode_claims(_claim_order(rows), alias or db_alias(), worker_id=worker_id, now=now)
 
 
 # Make one held lease expire now, as if its worker had stopped renewing it long enough ago. Only

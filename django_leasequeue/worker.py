@@ -54,7 +54,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
-from .conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings
+from .conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
 from .context import JobContext
 from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
@@ -339,7 +339,9 @@ class WorkerService(Service):
         execution: ``"thread"`` or ``"process"`` (None: the ``EXECUTION`` setting).
 
     Raises:
-        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], or an unknown ``execution``.
+        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], a queue name
+            outside the grammar of :func:`~django_leasequeue.conf.queue_name_problem`, or an unknown
+            ``execution``.
     """
 
     name = "worker"
@@ -353,7 +355,13 @@ class WorkerService(Service):
         self.settings = settings or get_settings()
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if isinstance(queues, str):
+            raise ValueError(f"queues must be a list of queue names or None, got the str {queues!r}")
         self.queues = list(queues) if queues is not None else None
+        for name in self.queues or ():
+            problem = queue_name_problem(name, "queue")
+            if problem:
+                raise ValueError(problem)
         self.concurrency = concurrency
         problem = check_lease_seconds(lease, "lease") if lease is not None else None
         if problem:

@@ -1,6 +1,6 @@
 # Interrupted attempts: the count of refunded attempts whose handler a graceful stop cut short,
 # bounded by MAX_INTERRUPTIONS. A constant database default, so PostgreSQL adds the column without
-# rewriting the table (no long lock on a large one). Depends on 0003; renumbered on merge.
+# rewriting the table (no long lock on a large one).
 
 from django.db import migrations, models
 
@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("django_leasequeue", "0003_admin_dashboard"),
+        ("django_leasequeue", "0004_check_constraints"),
     ]
 
     operations = [

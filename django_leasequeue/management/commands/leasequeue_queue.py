@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_leasequeue import store
-from django_leasequeue.conf import get_settings
+from django_leasequeue.conf import get_settings, queue_name_problem
 from django_leasequeue.exceptions import ConfigurationError
 
 
@@ -37,6 +37,11 @@ class Command(BaseCommand):
             return
         if not names:
             raise CommandError(f"{action} needs at least one queue name")
+        for name in names:
+            # Resume stays possible for a queue paused under a name written before the grammar.
+            problem = queue_name_problem(name, "queue") if action == "pause" else None
+            if problem:
+                raise CommandError(problem)
         if settings.queues is not None:
             unknown = [n for n in names if n not in settings.queues]
             if unknown:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_leasequeue.conf import EXECUTION_MODES, check_lease_seconds, get_settings
+from django_leasequeue.conf import EXECUTION_MODES, check_lease_seconds, get_settings, parse_queue_list
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -49,7 +49,10 @@ class Command(BaseCommand):
 
         require_migrated()
         queues_opt = options["queues"]
-        queues = None if queues_opt in (None, "", "*") else [q.strip() for q in queues_opt.split(",") if q.strip()]
+        try:
+            queues = parse_queue_list(queues_opt)
+        except ConfigurationError as exc:
+            raise CommandError(str(exc))
         if queues is not None and settings.queues is not None:
             unknown = [q for q in queues if q not in settings.queues]
             if unknown:

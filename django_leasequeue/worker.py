@@ -789,12 +789,13 @@ class WorkerService(Service):
             time.sleep(0.05)
         self.completer.stop()
         self.completer.join()
-        if self.execution == "process":
-            # Children still running after the grace period are killed before their jobs are
-            # released, so no handler runs on beside the next attempt.
-            self.executor.kill_children()
         with self._lock:
             held = list(self._inflight.values())
+        if self.execution == "process":
+            # Children still running after the grace period are killed before their jobs are
+            # released, so no handler runs on beside the next attempt. (Read the held jobs first:
+            # a killed child's thread lets go of its job at once, and the release must see it.)
+            self.executor.kill_children()
         leftover = [i for i in held if not i.timed_out]
         # A handler that returned after the completer's final flush (the grace period ran out as it
         # finished) submitted its success to the stopped completer and left the running list, so it

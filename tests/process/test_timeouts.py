@@ -176,6 +176,30 @@ def test_process_mode_kills_loops_and_gil_holders_at_their_timeout_and_keeps_ser
     assert w.running
 
 
+def other_sessions() -> int:
+    """Sessions on this test database besides the test's own."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return cur.fetchone()[0]
+
+
+def test_process_mode_sigterm_kills_a_child_still_running_after_the_grace_and_releases_its_job(spawn):
+    """A child with no timeout still running when the grace period ends is killed before its job
+    is released (an interrupted attempt: refunded), so it cannot run on beside the next attempt."""
+    job = enqueue("qa.record", ["long"], {"sleep": 600})
+    w = spawn("runworker", "--concurrency", "1", "--execution", "process",
+              env={**FAST, "LEASEQUEUE_SHUTDOWN_GRACE": "1"})
+    wait_for(lambda: Execution.objects.filter(job_id=job.id).count() == 1, timeout=60, what="the child to start")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.attempts, row.interruptions, row.errors) == ("ready", 0, 1, [])
+    assert row.history[-1]["event"] == "released" and row.history[-1]["interrupted"] is True
+    # The child (which holds a database session since it wrote its Execution row) is gone too.
+    assert wait_for(lambda: other_sessions() == 0, timeout=15, what="the child's session to end")
+
+
 def test_an_interrupted_handler_is_refunded_max_interruptions_times_then_dead_lettered(spawn):
     """A handler that outlives every graceful stop (no timeout), with the default MAX_INTERRUPTIONS
     (5): the first five SIGTERMs refund its attempt, the sixth dead-letters it as Interrupted (on

@@ -198,7 +198,7 @@ class Schedule(models.Model):
         """Validate (``full_clean``), keep ``next_occurrence_at`` right, then save.
 
         A new schedule is inserted with the first occurrence after its creation. An existing one
-        is updated in one transaction that first locks its row (``SELECT ... FOR UPDATE``): only the
+        is updated in one transaction that first locks its row (:func:`store.schedule_lock_for_save`): only the
         definition fields are written (``update_fields``, minus the scheduler's bookkeeping
         ``last_occurrence_at``, ``next_occurrence_at`` and ``skipped_occurrences``), so a copy read
         before a scheduler tick (an admin form) cannot put that bookkeeping back. When the save
@@ -219,9 +219,10 @@ class Schedule(models.Model):
             self._plan_new_occurrence(using)
             super().save(**kwargs)
             return
+        from . import store
+
         with transaction.atomic(using=using):
-            old = (type(self)._base_manager.using(using).select_for_update().filter(pk=self.pk)
-                   .values("cron", "timezone", "enabled", *SCHEDULE_BOOKKEEPING).first())
+            old = store.schedule_lock_for_save(self.pk, alias=using)
             if old is None:  # deleted meanwhile: Django's save() inserts it again, as a new row
                 self._plan_new_occurrence(using)
                 super().save(**kwargs)

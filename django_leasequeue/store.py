@@ -1692,6 +1692,37 @@ def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = No
         return {r[0] for r in cur.fetchall()}
 
 
+# Schedule.save() of an existing schedule: lock its row for the rest of the caller's transaction and
+# read what the save needs to decide (the definition it may change and the scheduler's bookkeeping,
+# which the save never writes back from its copy). A scheduler tick holding the row makes the save
+# wait; a tick arriving during the save skips the row (SKIP LOCKED) and takes it on its next pass.
+SCHEDULE_LOCK_FOR_SAVE = f"""
+SELECT s.cron, s.timezone, s.enabled, s.last_occurrence_at, s.next_occurrence_at, s.skipped_occurrences
+FROM {SCHEDULE_TABLE} s
+WHERE s.id = %(id)s
+FOR UPDATE
+"""
+
+
+def schedule_lock_for_save(schedule_id: int, *, alias: str | None = None) -> dict[str, Any] | None:
+    """Lock one schedule row inside the caller's transaction (``FOR UPDATE``) and read it.
+
+    Args:
+        schedule_id: the schedule's primary key.
+
+    Returns:
+        ``cron``, ``timezone``, ``enabled``, ``last_occurrence_at``, ``next_occurrence_at`` (aware
+        datetimes or None) and ``skipped_occurrences``; None when no such row exists.
+    """
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_LOCK_FOR_SAVE, {"id": schedule_id})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    keys = ("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at", "skipped_occurrences")
+    return dict(zip(keys, row, strict=True))
+
+
 # When the scheduler should wake up next: the earliest stored next occurrence of an enabled
 # schedule (and whether some schedule has none yet, i.e. is due at once).
 SCHEDULE_NEXT_DUE = f"""

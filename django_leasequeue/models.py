@@ -401,6 +401,10 @@ class WorkerProcess(models.Model):
     pid = models.IntegerField()
     queues = models.JSONField(default=list, blank=True)
     concurrency = models.PositiveIntegerField(default=1)
+    # The task names a worker can run, as it registered them (sorted). NULL: not recorded (a
+    # scheduler or reaper, or a worker of a version before this column), read as "knows every
+    # task", so such a worker never lets a job be dead-lettered as UnknownTask.
+    tasks = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField()
     last_heartbeat_at = models.DateTimeField()
     last_tick_at = models.DateTimeField(null=True, blank=True)

@@ -167,3 +167,51 @@ def test_unknown_task_grace_is_validated(value):
         build({"UNKNOWN_TASK_GRACE": value})
     assert build({}).unknown_task_grace == 300.0
     assert build({"UNKNOWN_TASK_GRACE": timedelta(minutes=2)}).unknown_task_grace == 120.0
+
+
+def test_runreaper_once_dead_letters_after_the_grace_by_the_database_clock(db_clock):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    unknown = raw_job("qa.new_task")
+    store.process_register(process_id="old:1:w", kind="worker", host="h", pid=1, queues=["default"], concurrency=1,
+                           tasks=OLD_TASKS)
+    grace = get_settings().unknown_task_grace
+    assert grace == GRACE
+    outputs = []
+    for seconds in (grace - 5, 10):  # just before the grace, then past it
+        db_clock.advance(seconds)
+        assert store.process_heartbeat("old:1:w")  # the old worker is alive throughout
+        out = StringIO()
+        call_command("runreaper", "--once", stdout=out)
+        outputs.append(out.getvalue().strip())
+    assert outputs[0].endswith("dead-lettered 0 job(s) of tasks no live worker knows")
+    assert outputs[1].endswith("dead-lettered 1 job(s) of tasks no live worker knows")
+    assert state(unknown) == ("dead", 0, 0)
+    assert Job.objects.get(pk=unknown).errors[0]["type"] == UNKNOWN_TASK_TYPE
+
+
+def test_a_task_registered_after_start_is_recorded_before_it_is_claimed():
+    from django_leasequeue import registry, task
+    from django_leasequeue.worker import WorkerService
+
+    worker = WorkerService(concurrency=1, notify=False, reap=False, worker_name="late")
+    worker.register()
+    assert "qa.late_task" not in WorkerProcess.objects.get(pk=worker.worker_id).tasks
+    job_id = raw_job("qa.late_task")
+    assert store.job_claim(queues=None, limit=5, worker_id=worker.worker_id, lease=30,
+                           tasks=worker.claim_tasks()) == []
+
+    @task(name="qa.late_task")
+    def late_task() -> None:  # a module imported after the worker started
+        pass
+
+    try:
+        names = worker.claim_tasks()
+        assert "qa.late_task" in names
+        assert WorkerProcess.objects.get(pk=worker.worker_id).tasks == names  # recorded first
+        (claimed,) = store.job_claim(queues=None, limit=5, worker_id=worker.worker_id, lease=30, tasks=names)
+        assert (claimed.id, claimed.attempts) == (job_id, 1)
+    finally:
+        registry._REGISTRY.pop("qa.late_task", None)

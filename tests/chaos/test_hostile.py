@@ -7,8 +7,8 @@
   lease expiry can tell; the reaper counts each as an attempt and dead-letters the job after
   ``max_attempts``; the supervisor's replacement worker keeps serving other jobs meanwhile.
 * Job rows naming arbitrary import paths (``os.system``, ``subprocess.call``, the real module path
-  of a registered task, a module that records being imported): dead-lettered as unknown tasks,
-  never imported, never run.
+  of a registered task, a module that records being imported): never claimed, dead-lettered as
+  unknown tasks by the reaper sweep, never imported, never run.
 
 All of it runs beside a fenced workload whose ledger must balance.
 """
@@ -50,10 +50,12 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
     # Work for the crash queue's worker once the crashing jobs are dead: its replacement must serve it.
     crash_queue_work = enqueue_chaos(CRASH_QUEUE_JOBS, seed=8, queue="crash")
 
-    fleet = Fleet(spawn, env={"QA_TRAP_FILE": str(trap)}, args=("--queues", "default"))
+    # UNKNOWN_TASK_GRACE 0: the rows naming paths are dead-lettered by the first sweep (never claimed).
+    no_grace = {"QA_TRAP_FILE": str(trap), "LEASEQUEUE_UNKNOWN_TASK_GRACE": "0"}
+    fleet = Fleet(spawn, env=no_grace, args=("--queues", "default"))
     fleet.start_reaper()
     normal = [fleet.start(name=f"n{i}") for i in (1, 2)]
-    crash_fleet = Fleet(spawn, concurrency=1, env={"QA_TRAP_FILE": str(trap)}, prefix="c",
+    crash_fleet = Fleet(spawn, concurrency=1, env=no_grace, prefix="c",
                         args=("--queues", "crash,default"))
     crash_fleet.start()
     deaths: list[tuple[str, int]] = []
@@ -94,7 +96,7 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
     assert served_by and all(name.startswith("c") and name != "c1" for name in served_by), served_by
     for row in rows:
         row = Job.objects.get(pk=row.id)
-        assert (row.status, row.attempts) == ("dead", 1), row.task
+        assert (row.status, row.attempts) == ("dead", 0), row.task  # never claimed: no attempt spent
         assert row.errors[0]["type"] == "django_leasequeue.exceptions.UnknownTask"
     assert not marker.exists() and not trap.exists()
     assert not Execution.objects.filter(tag="touch").exists()  # qa.tasks.record never ran as a path

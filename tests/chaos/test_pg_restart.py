@@ -40,7 +40,7 @@ from tests.support import wait_for
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
 JOBS = scaled(1000)
-DBNAME = "lq_chaos_restart"
+DBNAME = "test_lq_chaos_restart"  # a test database: tests may connect to nothing else
 
 
 @contextmanager

@@ -1,6 +1,8 @@
 """Chaos: the workers' database refuses every connection for 15 s, and for 45 s, while a producer
 keeps enqueueing (through this test's own session, the only one the outage spares) and three
-workers with a 3 s lease drain both workloads.
+workers with a 3 s lease drain both workloads. When the database goes away, every thread is in
+the middle of a 2-4 s handler: the handlers return during the outage, and their leases run out
+before the database is back.
 
 No handler is killed or frozen, so the targets are strict: nothing lost, no job whose handler had
 returned runs again (the plain workload's completion must survive the outage: a handler that
@@ -20,9 +22,9 @@ from tests.chaos.harness import (
     assert_no_reruns,
     db_now,
     enqueue_both,
-    finished_count,
     ledger,
     record,
+    remaining,
     runs_note,
     scaled,
     seconds,
@@ -34,9 +36,10 @@ from tests.support import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
-JOBS = scaled(600)  # both workloads together, before the producer's
+JOBS = scaled(400)  # both workloads together, before the producer's
 LEASE = "3"
-LONG_SHARE = 0.2
+WORKERS, CONCURRENCY = 3, 4
+SLOTS = WORKERS * CONCURRENCY
 PRODUCE_EVERY = 0.25  # seconds; 2 jobs of each workload each time
 
 
@@ -46,18 +49,25 @@ def run_outage(spawn, outage: float) -> dict:
 
     def produce() -> None:
         seed[0] += 2
-        fenced, plain = enqueue_both(2, seed=seed[0], long_share=LONG_SHARE, long_work=(1.0, 3.0))
+        fenced, plain = enqueue_both(2, seed=seed[0], long_share=0.05)
         ids.extend(fenced + plain)
 
-    # Many handlers 1-3 s long: at any instant most threads are mid-handler, so the outage catches
-    # handlers that return while the database is away (their completion must wait for it).
-    fenced, plain = enqueue_both(JOBS // 2, seed=11, long_share=LONG_SHARE, long_work=(1.0, 3.0))
+    # The workload first (short jobs, a few 1-3 s long).
+    fenced, plain = enqueue_both(JOBS // 2, seed=11, long_share=0.03, long_work=(1.0, 3.0))
     ids.extend(fenced + plain)
-    fleet = Fleet(spawn, env={"LEASEQUEUE_LEASE": LEASE})
+    fleet = Fleet(spawn, concurrency=CONCURRENCY, env={"LEASEQUEUE_LEASE": LEASE})
     fleet.start_reaper()
-    members = [fleet.start() for _ in range(3)]
+    members = [fleet.start() for _ in range(WORKERS)]
     fleet.wait_registered()
-    wait_for(lambda: finished_count() >= JOBS // 6, timeout=120, interval=0.1, what="a sixth of the jobs")
+    wait_for(lambda: remaining(None) <= SLOTS, timeout=180, interval=0.1, what="the workload to drain")
+    # Then every thread of every worker busy with a 2-4 s handler of either workload when the
+    # database goes away: they return during the outage, so their completions (and the fenced
+    # ones' commits) must wait for it, while leases run out.
+    long_fenced, long_plain = enqueue_both(SLOTS // 2, seed=12, long_share=1.0, long_work=(2.0, 4.0))
+    long_ids = long_fenced + long_plain
+    ids.extend(long_ids)
+    wait_for(lambda: LedgerEntry.objects.filter(job_id__in=long_ids, outcome="").count() >= SLOTS - 2,
+             timeout=60, interval=0.05, what="the long handlers to be running")
 
     produced_during = len(ids)
     with database_refusing_connections():
@@ -95,7 +105,7 @@ def notes(run: dict) -> str:
 def check(run: dict) -> None:
     books = run["books"]
     assert run["drained"] is not None, f"not drained after 240 s: {statuses(run['ids'])}; {runs_note(books)}"
-    assert len(run["alive"]) == 3, [m.proc.output() for m in run["members"] if not m.running]
+    assert len(run["alive"]) == WORKERS, [m.proc.output() for m in run["members"] if not m.running]
     assert_balanced(books, done=len(run["ids"]))
     assert_no_reruns(books)
     assert_no_overlaps(books)

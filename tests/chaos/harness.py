@@ -69,13 +69,15 @@ ACTIVE = ("ready", "leased")
 FULL_JOBS = 5000  # the least workload of a fault class in a --full run
 
 
-def scaled(n: int) -> int:
+def scaled(n: int, *, workload: bool = True) -> int:
     """``n`` times ``LEASEQUEUE_CHAOS_SCALE`` (default 1): the suite's sizes fit a few minutes on
     a loaded 2-core machine; a bigger machine, or a nightly run, can multiply them. With
-    ``LEASEQUEUE_CHAOS_FULL=1`` (``python -m tests.chaos.report --run --full``) at least
-    :data:`FULL_JOBS`, the size the published table is measured at."""
+    ``LEASEQUEUE_CHAOS_FULL=1`` (``python -m tests.chaos.report --run --full``) a fault class's
+    workload is at least :data:`FULL_JOBS`, the size the published table is measured at;
+    ``workload=False`` for the other sizes of a test (jobs per key, ...), which only scale."""
     size = max(1, round(n * float(os.environ.get("LEASEQUEUE_CHAOS_SCALE", "1"))))
-    return max(FULL_JOBS, size) if os.environ.get("LEASEQUEUE_CHAOS_FULL") == "1" else size
+    full = workload and os.environ.get("LEASEQUEUE_CHAOS_FULL") == "1"
+    return max(FULL_JOBS, size) if full else size
 FINISHED = ("done", "dead", "cancelled")
 
 

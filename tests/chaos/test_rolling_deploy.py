@@ -29,7 +29,7 @@ from tests.chaos.harness import (
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
-NEW_JOBS = scaled(40)
+NEW_JOBS = scaled(40, workload=False)
 JOBS = scaled(300)  # both workloads together
 
 

@@ -30,7 +30,7 @@ from tests.chaos.harness import (
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
 KEYS = 4
-SHORT_PER_KEY = max(5, scaled(10))
+SHORT_PER_KEY = max(5, scaled(10, workload=False))
 SLOW = 6.0  # seconds: the first attempt's run time, past the 1 s timeout and past the 2 s lease
 JOBS = scaled(200)  # both workloads together
 

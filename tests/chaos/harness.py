@@ -421,6 +421,7 @@ class ExecutionBooks:
     overlaps: int  # pairs of executions of one job whose intervals overlap
     overlapping_jobs: int
     max_per_key: dict[str, int]  # most executions of one concurrency key running at once
+    max_per_process: dict[int, int]  # most executions running at once in one worker process (by pid)
     open_ended: int  # executions that never ended, of a process still alive at the reading
     unknown_end: int  # executions that never ended, of a process gone at an unknown time
     examples: list[str] = field(default_factory=list)  # a few re-runs and overlaps, for messages
@@ -442,7 +443,8 @@ def analyse_runs(runs: Iterable[Run], *, deaths: dict[int, datetime] | None = No
       (``deaths[pid]``, database time), else ``now`` while the process is ``alive(pid)`` (still
       running, so open-ended), else unknown: then the execution is counted in ``unknown_end`` and
       closes at its own start (it cannot be shown to overlap).
-    * ``max_per_key``: the most executions of one concurrency key whose intervals hold at once.
+    * ``max_per_key``: the most executions of one concurrency key whose intervals hold at once;
+      ``max_per_process``: the same per worker process (to compare with its ``--concurrency``).
     """
     deaths = deaths or {}
     alive = alive or _pid_alive
@@ -488,24 +490,28 @@ def analyse_runs(runs: Iterable[Run], *, deaths: dict[int, datetime] | None = No
                                         "ran at once")
         overlaps += pairs
         overlapping_jobs += bool(pairs)
-    by_key: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    by_process: dict[int, list[Run]] = defaultdict(list)
     for r in runs:
+        by_process[r.pid].append(r)
         if r.concurrency_key:
-            start, end = r.started, ends[id(r)]
-            if end > start:
-                by_key[r.concurrency_key] += [(start, 1), (end, -1)]
-    max_per_key = {}
-    for key, events in by_key.items():
+            by_key[r.concurrency_key].append(r)
+
+    def peak(group: list[Run]) -> int:
+        events = [e for r in group if ends[id(r)] > r.started for e in ((r.started, 1), (ends[id(r)], -1))]
         events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
-        level = peak = 0
+        level = most = 0
         for _, step in events:
             level += step
-            peak = max(peak, level)
-        max_per_key[key] = peak
+            most = max(most, level)
+        return most
+
+    max_per_key = {key: peak(group) for key, group in by_key.items()}
+    max_per_process = {pid: peak(group) for pid, group in by_process.items()}
     return ExecutionBooks(
         executions=len(runs), returned=sum(1 for r in runs if r.outcome == "returned"), reruns=reruns,
         rerun_jobs=rerun_jobs, overlaps=overlaps, overlapping_jobs=overlapping_jobs, max_per_key=max_per_key,
-        open_ended=open_ended, unknown_end=unknown, examples=examples)
+        max_per_process=max_per_process, open_ended=open_ended, unknown_end=unknown, examples=examples)
 
 
 def _pid_alive(pid: int) -> bool:

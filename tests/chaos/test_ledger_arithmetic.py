@@ -68,3 +68,10 @@ def test_most_handlers_of_one_key_at_once():
     books = analyse_runs(runs, alive=dead)
     assert books.max_per_key == {"k": 3, "other": 1}
     assert books.max_concurrent_per_key == 3
+
+
+def test_most_handlers_at_once_in_one_process():
+    # pid 1 (say --concurrency 2) runs a handler past its timeout while two more start: 3 at once.
+    runs = [run(1, 1, 0, 10, pid=1), run(2, 1, 1, 3, pid=1), run(3, 1, 2, 4, pid=1), run(4, 1, 0, 1, pid=2)]
+    books = analyse_runs(runs, alive=dead)
+    assert books.max_per_process == {1: 3, 2: 1}

@@ -1,13 +1,13 @@
 """Chaos: handlers that run past their task's timeout, under a per-key concurrency limit of 1.
 
-``qa.chaos_keyed`` has ``timeout=1`` and ``concurrency_limit=1`` per ``key``. For each of 4 keys,
+``qa.chaos_keyed`` has ``timeout=1`` and ``concurrency_limit=1`` per ``key``. For each of 6 keys,
 one job sleeps 6 s on its first attempt (past the timeout; its retries return at once), queued
 ahead of short jobs of the same key; both workloads run beside them. A thread past its timeout
 cannot be stopped, so the handler goes on to its end: until then neither its own retry nor another
 job of its key may start, anywhere (the ledger shows every handler's real interval).
 
 Targets (every fault): never two attempts of one job at once, never more than one handler of a
-key at once; nothing lost.
+key at once, never more handlers at once in one worker than its ``--concurrency``; nothing lost.
 """
 
 import pytest
@@ -19,6 +19,7 @@ from tests.chaos.harness import (
     assert_balanced,
     assert_no_overlaps,
     enqueue_both,
+    execution_books,
     ledger,
     record,
     runs_note,
@@ -29,10 +30,11 @@ from tests.chaos.harness import (
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
-KEYS = 4
+KEYS = 6  # one slow job per key: most of the two workers' 8 threads time out at once
 SHORT_PER_KEY = max(5, scaled(10, workload=False))
 SLOW = 6.0  # seconds: the first attempt's run time, past the 1 s timeout and past the 2 s lease
 JOBS = scaled(200)  # both workloads together
+CONCURRENCY = 4
 
 
 def keyed_ids() -> list[int]:
@@ -47,7 +49,7 @@ def test_timed_out_handlers_under_a_key_limit_of_one(spawn):
     keyed = keyed_ids()
     fenced, plain = enqueue_both(JOBS // 2, seed=41)
     workload = fenced + plain
-    fleet = Fleet(spawn, concurrency=4)
+    fleet = Fleet(spawn, concurrency=CONCURRENCY)
     fleet.start_reaper()
     fleet.start()
     fleet.start()
@@ -59,12 +61,17 @@ def test_timed_out_handlers_under_a_key_limit_of_one(spawn):
     books = ledger(workload, deaths=fleet.deaths)
     runs = keyed_books.runs
     assert runs is not None
+    # Handlers running at once per worker process, keyed and workload jobs together: a handler past
+    # its timeout still occupies its thread, so it still counts against --concurrency.
+    every = execution_books(keyed + workload, deaths=fleet.deaths)
+    per_worker = max(every.max_per_process.values())
     record("timeout_key_limit", fault=f"{KEYS} handlers run {SLOW:.0f} s past their timeout=1 s under "
            f"concurrency_limit=1 per key, {SHORT_PER_KEY} short jobs per key, both workloads (2 workers)",
            jobs=len(keyed) + len(workload), faults=KEYS, books=keyed_books, recovery=None,
            recovery_meaning="no recovery time: the limits must hold throughout",
            notes=f"keyed jobs: {runs_note(keyed_books)}; most handlers of one key at once {runs.max_per_key}; "
-                 f"workload: {runs_note(books)}", also=workload, max_per_key_each=runs.max_per_key,
+                 f"workload: {runs_note(books)}; most handlers at once in one worker {per_worker} (--concurrency "
+           f"{CONCURRENCY})", also=workload, max_per_key_each=runs.max_per_key, max_per_worker=per_worker,
            workload_overlaps=books.runs.overlaps if books.runs else None)
 
     assert drained is not None, f"not drained after 120 s: {statuses(keyed + workload)}"
@@ -73,4 +80,5 @@ def test_timed_out_handlers_under_a_key_limit_of_one(spawn):
     assert_no_overlaps(books)
     assert statuses(keyed) == {"done": len(keyed)}, statuses(keyed)
     assert_no_overlaps(keyed_books, key_limit=1)
+    assert per_worker <= CONCURRENCY, every.max_per_process
     assert all(code == 0 for code, _ in exits.values()), exits

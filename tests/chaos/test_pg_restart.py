@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import connection
+from qa.models import LedgerEntry
 
 from django_leasequeue.models import Job
 from tests.chaos.cluster import Cluster, throwaway_cluster, unavailable
@@ -32,10 +33,13 @@ from tests.chaos.harness import (
     finished_count,
     ledger,
     record,
+    remaining,
     runs_note,
     scaled,
     seconds,
+    statuses,
     wait_drained,
+    wait_settled,
 )
 from tests.conftest import MANAGE, ROOT
 from tests.support import wait_for
@@ -68,7 +72,10 @@ def _try_db_now():
         return None
 
 
-def test_postgresql_restart_mid_run(spawn):
+@contextmanager
+def migrated_cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """A throwaway cluster with the project's database migrated, this test's connection on it;
+    skips the test where no cluster can be made."""
     reason = unavailable()
     if reason:
         pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
@@ -79,7 +86,57 @@ def test_postgresql_restart_mid_run(spawn):
                                  env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
         assert migrate.returncode == 0, migrate.stdout + migrate.stderr
         with default_connection_on(cluster, DBNAME):
-            run_restart(spawn, cluster, env)
+            yield cluster, env
+
+
+def test_postgresql_restart_mid_run(spawn):
+    with migrated_cluster() as (cluster, env):
+        run_restart(spawn, cluster, env)
+
+
+STOPPED = 8.0  # seconds the server stays down in the stop-and-start run: past the 3 s lease
+SLOTS = 3 * 4  # threads of its fleet
+
+
+def test_postgresql_immediate_stop_longer_than_the_lease(spawn):
+    """``pg_ctl stop -m immediate`` (a crash, as far as sessions see it), 8 s down, then start,
+    while every thread of three workers (lease 3 s) is in a 2-4 s handler of either workload:
+    the handlers return while the server is down, and their leases run out before it is back.
+    No handler is killed or frozen: nothing lost, no re-run of a returned job, no overlap."""
+    with migrated_cluster() as (cluster, env):
+        fenced, plain = enqueue_both(JOBS // 2, seed=14)
+        ids = fenced + plain
+        fleet = Fleet(spawn, env={**env, "LEASEQUEUE_LEASE": "3"})
+        fleet.start_reaper()
+        members = [fleet.start() for _ in range(3)]
+        fleet.wait_registered()
+        wait_for(lambda: remaining(None) <= SLOTS, timeout=120, interval=0.1, what="the workload to drain")
+        long_fenced, long_plain = enqueue_both(SLOTS // 2, seed=15, long_share=1.0, long_work=(2.0, 4.0))
+        long_ids = long_fenced + long_plain
+        ids += long_ids
+        wait_for(lambda: LedgerEntry.objects.filter(job_id__in=long_ids, outcome="").count() >= SLOTS - 2,
+                 timeout=60, interval=0.05, what="the long handlers to be running")
+        cluster.stop()
+        time.sleep(STOPPED)
+        cluster.start()
+        connection.close()  # this test's session died with the server, like every other one
+        wait_for(_try_db_now, timeout=60, interval=0.1, what="the server to accept connections")
+        drained = wait_settled(180)
+        alive = [m.name for m in members if m.running]
+        exits = fleet.stop()
+        books = ledger(ids, deaths=fleet.deaths)
+        returned_down = LedgerEntry.objects.filter(job_id__in=ids, outcome="returned", returned_clock="local").count()
+        record("pg_stop_start", fault=f"PostgreSQL stopped (pg_ctl stop -m immediate) for {STOPPED:.0f} s, past "
+               "the 3 s lease, every thread mid-handler (3 workers, both workloads)", jobs=len(ids), faults=1,
+               books=books, recovery=drained,
+               recovery_meaning="time from the server accepting connections again until every job was finished",
+               notes=f"{returned_down} handlers returned while the server was down; {runs_note(books)}")
+        assert drained is not None, f"not drained after 180 s: {statuses(ids)}; {runs_note(books)}"
+        assert len(alive) == 3, [m.proc.output() for m in members if not m.running]
+        assert_balanced(books, done=len(ids))
+        assert_no_reruns(books)
+        assert_no_overlaps(books)
+        assert all(code == 0 for code, _ in exits.values()), exits
 
 
 def run_restart(spawn, cluster: Cluster, env: dict[str, str]) -> None:

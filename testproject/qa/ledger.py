@@ -8,8 +8,8 @@ transaction rolled back, fenced out or cut by a fault still leaves its execution
 A write must never change the behaviour under test, so it never blocks or raises: when the
 database cannot be reached (an outage, a restart), the event is kept in this process with the
 worker's wall-clock time and a background thread writes it once the database is back, in order.
-A process killed with events still pending loses them (SIGKILL runs only ever lose a start whose
-row could not be written, which a real outage never coincides with in the suite).
+A process killed with events still pending loses them; in the suite no kill coincides with an
+outage.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def enqueue_plain(n: int, *, seed: int, long_share: float = 0.005, long_work: tu
 
 def enqueue_both(n: int, *, seed: int, **options: object) -> tuple[list[int], list[int]]:
     """``n`` jobs of each workload: ``(fenced qa.chaos ids, plain qa.chaos_plain ids)``."""
-    return enqueue_chaos(n, seed=seed, **options), enqueue_plain(n, seed=seed + 1, **options)  # type: ignore[arg-type]
+    return enqueue_chaos(n, seed=seed, **options), enqueue_plain(n, seed=seed + 1, **options)
 
 
 WORKLOAD = ("qa.chaos", "qa.chaos_plain")

@@ -19,7 +19,18 @@ from qa.models import Execution
 from django_leasequeue import enqueue, store
 from django_leasequeue.models import Job
 from django_leasequeue.store import NewJob
-from tests.chaos.harness import Fleet, assert_balanced, enqueue_chaos, ledger, record, scaled, wait_drained
+from tests.chaos.harness import (
+    Fleet,
+    assert_balanced,
+    assert_no_overlaps,
+    enqueue_chaos,
+    enqueue_plain,
+    ledger,
+    record,
+    runs_note,
+    scaled,
+    wait_drained,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
@@ -47,6 +58,7 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
                                     kwargs_json="{}", max_attempts=5) for path in HOSTILE_PATHS],
                             notify=False, channel="leasequeue")
     ids = enqueue_chaos(JOBS, seed=7)
+    plain = enqueue_plain(JOBS // 2, seed=71)  # the second workload: plain handlers returning a value
     # Work for the crash queue's worker once the crashing jobs are dead: its replacement must serve it.
     crash_queue_work = enqueue_chaos(CRASH_QUEUE_JOBS, seed=8, queue="crash")
 
@@ -63,6 +75,7 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
 
     def supervise() -> None:
         """A process supervisor: restart a crash-queue worker that died."""
+        crash_fleet.note_exits()  # when each died, for the execution ledger
         for m in list(crash_fleet.members):
             if not m.running and m.name not in buried:
                 buried.add(m.name)
@@ -75,8 +88,8 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
     exits = {**fleet.stop(), **crash_fleet.stop()}
     assert all(code == 0 for code, _ in exits.values()), exits
 
-    books = ledger([*ids, *crash_queue_work])
-    assert_balanced(books, done=JOBS + CRASH_QUEUE_JOBS)
+    books = ledger([*ids, *crash_queue_work, *plain], deaths={**fleet.deaths, **crash_fleet.deaths})
+    assert_balanced(books, done=JOBS + CRASH_QUEUE_JOBS + len(plain))
     for kind, expected_type in RAISING.items():
         job = Job.objects.get(pk=raisers[kind].id)
         assert (job.status, job.attempts) == ("dead", 2), (kind, job.errors)
@@ -102,10 +115,13 @@ def test_poison_handlers_end_dead_and_workers_keep_serving(spawn, tmp_path):
     assert not Execution.objects.filter(tag="touch").exists()  # qa.tasks.record never ran as a path
     record("hostile", fault="poison handlers: SystemExit, KeyboardInterrupt, RecursionError, MemoryError, "
            "os._exit, segfault; rows naming os.system & co.",
-           jobs=JOBS + CRASH_QUEUE_JOBS + len(RAISING) + len(CRASHING) + len(rows),
+           jobs=JOBS + CRASH_QUEUE_JOBS + len(plain) + len(RAISING) + len(CRASHING) + len(rows),
            faults=len(RAISING) + len(CRASHING) + len(rows), books=books, recovery=None,
            also=[*(j.id for j in raisers.values()), *(j.id for j in crashers.values()), *(r.id for r in rows)],
            recovery_meaning="each poison job dead after 2 attempts; crashes restarted by the supervisor",
            notes=f"{len(deaths)} worker deaths (exit statuses {sorted(c for _, c in deaths)}), "
-                 f"{len(HOSTILE_PATHS)} hostile task paths never imported", seconds=round(drained, 1))
+                 f"{len(HOSTILE_PATHS)} hostile task paths never imported; {runs_note(books)}",
+           seconds=round(drained, 1))
+    # A crash takes its handlers down with it: never two attempts of one job at once.
+    assert_no_overlaps(books)
 

@@ -153,6 +153,11 @@ DEFAULTS: dict[str, Any] = {
     # attempt: they run again, or are dead-lettered on their last attempt (docs/performance.md).
     # Fencing is unchanged. Enqueues and claims stay durable.
     "ASYNC_COMPLETIONS": False,
+    # Rolling deploys: workers claim only the tasks they have registered. A due ready job whose
+    # task no live worker serving its queue knows is dead-lettered as UnknownTask once it has been
+    # due this long and every such worker has been registered this long. None: never (the job
+    # waits for a worker that knows its task).
+    "UNKNOWN_TASK_GRACE": 300.0,
     # ---- timeouts ----
     # How handlers run: "thread" (in the worker's threads; a handler past its task's timeout cannot
     # be stopped, so it keeps its slot and its job's lease until it returns) or "process" (each
@@ -172,7 +177,7 @@ DEFAULTS: dict[str, Any] = {
 _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
-    "PREFETCH_WAIT", "STUCK_EXIT_AFTER",
+    "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE",
 }
 
 # Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
@@ -291,6 +296,7 @@ class Settings:
     prefetch_wait: float = 0.05
     prefetch_max: int = 64
     async_completions: bool = False
+    unknown_task_grace: float | None = 300.0
     # ---- timeouts ----
     execution: str = "thread"
     stuck_handlers_max: int | None = None
@@ -376,6 +382,12 @@ def build(raw: dict[str, Any] | None) -> Settings:
     problem = queue_name_problem(merged["DEFAULT_QUEUE"], "LEASEQUEUE['DEFAULT_QUEUE']")
     if problem:
         raise ConfigurationError(problem)
+    grace = merged["UNKNOWN_TASK_GRACE"]
+    if grace is not None and not 0 <= grace <= MAX_LEASE_SECONDS:
+        raise ConfigurationError(
+            f"LEASEQUEUE['UNKNOWN_TASK_GRACE'] must be None (never dead-letter) or from 0 to "
+            f"{MAX_LEASE_SECONDS:g} seconds, got {grace!r}"
+        )
     monitoring = _build_monitoring(merged)
     rate_limits = _queue_options(queues) if queues else {}
     return Settings(
@@ -402,6 +414,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prefetch_wait=float(merged["PREFETCH_WAIT"]),
         prefetch_max=prefetch_max,
         async_completions=bool(merged["ASYNC_COMPLETIONS"]),
+        unknown_task_grace=grace,
         **_build_timeouts(merged),
     )
 

@@ -11,7 +11,8 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
 * ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``; once a cancel was requested,
   any other outcome ends ``cancelled`` too (the store refuses to mark such a job done or retry it);
 * ``LeaseLost`` or a refused write -> nothing is written; the outcome is discarded;
-* unknown task name -> ``dead`` at once with the reason; nothing is imported;
+* unknown task name -> ``dead`` at once with the reason; nothing is imported. Workers claim only
+  the tasks they registered, so this is reached from claims of every task (the testing helpers);
 * handler past its task's ``timeout`` -> a failed attempt of type ``JobTimedOut`` whatever it
   returned or raised (its return value is discarded, logged). In thread mode the handler cannot be
   stopped, so this is written when it finally returns (the worker kept the lease until then); in

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, router
+from django.db import models, router, transaction
 from django.db.models import Q
 
 
@@ -168,6 +168,11 @@ class DeadLetter(Job):
         verbose_name_plural = "dead letters"
 
 
+# The scheduler's bookkeeping of a schedule: written by the scheduler's own statements (and by
+# Schedule.save() only when recomputing it under the row lock), never from a copy of the row.
+SCHEDULE_BOOKKEEPING = ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences")
+
+
 class Schedule(models.Model):
     """A recurring job: one job per cron occurrence, evaluated in ``timezone``.
 
@@ -181,9 +186,11 @@ class Schedule(models.Model):
     ``save()`` keeps ``next_occurrence_at`` right for the scheduler (see docs/schedules.md): a new
     schedule starts with the first occurrence after its creation; a changed cron expression or time
     zone, or a re-enabled schedule, gets the first occurrence after the save under the new
-    definition (no back-fill, no burst); a disabled one has none. The scheduler's bookkeeping
-    (last occurrence, next occurrence, skipped count) never moves backwards on save, so a form loaded
-    before the scheduler advanced cannot rewind it. Times are database time (``store.db_now()``).
+    definition (no back-fill, no burst, never an occurrence already emitted); a disabled one has
+    none. Saving an existing schedule writes only its definition fields, under the row lock: the
+    scheduler's bookkeeping (last occurrence, next occurrence, skipped count) is never written back
+    from a copy, so a form loaded before, or saved during, a scheduler tick cannot rewind it. Times
+    are database time (``store.db_now()``).
     """
 
     class CatchUp(models.TextChoices):
@@ -219,14 +226,47 @@ class Schedule(models.Model):
     def save(self, **kwargs: Any) -> None:
         """Validate (``full_clean``), keep ``next_occurrence_at`` right, then save.
 
+        A new schedule is inserted with the first occurrence after its creation. An existing one
+        is updated in one transaction that first locks its row (:func:`store.schedule_lock_for_save`): only the
+        definition fields are written (``update_fields``, minus the scheduler's bookkeeping
+        ``last_occurrence_at``, ``next_occurrence_at`` and ``skipped_occurrences``), so a copy read
+        before a scheduler tick (an admin form) cannot put that bookkeeping back. When the save
+        changes the cron expression or time zone, or re-enables the schedule, ``next_occurrence_at``
+        is recomputed under the lock from database time, never at or before the last occurrence
+        already emitted; disabling clears it. The instance's bookkeeping attributes are refreshed
+        from the locked row.
+
+        Args:
+            **kwargs: as :meth:`django.db.models.Model.save` (``using``, ``update_fields``...).
+
         Raises:
             ValidationError: the schedule is invalid (nothing is written).
         """
         self.full_clean(validate_unique=False, validate_constraints=False)
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-        if self._plan_next_occurrence(using) and kwargs.get("update_fields") is not None:
-            kwargs["update_fields"] = {*kwargs["update_fields"], "next_occurrence_at"}
-        super().save(**kwargs)
+        if self._state.adding or self.pk is None or kwargs.get("force_insert"):
+            self._plan_new_occurrence(using)
+            super().save(**kwargs)
+            return
+        from . import store
+
+        with transaction.atomic(using=using):
+            old = store.schedule_lock_for_save(self.pk, alias=using)
+            if old is None:  # deleted meanwhile: Django's save() inserts it again, as a new row
+                self._plan_new_occurrence(using)
+                super().save(**kwargs)
+                return
+            replan = self._replan_next_occurrence(old, using)
+            update_fields = kwargs.get("update_fields")
+            owned = ({f.name for f in self._meta.concrete_fields if not f.primary_key} if update_fields is None
+                     else set(update_fields)) - set(SCHEDULE_BOOKKEEPING)
+            if replan:
+                owned.add("next_occurrence_at")
+            else:
+                self.next_occurrence_at = old["next_occurrence_at"]
+            self.last_occurrence_at = old["last_occurrence_at"]
+            self.skipped_occurrences = old["skipped_occurrences"]
+            super().save(**{**kwargs, "update_fields": owned})
 
     @property
     def zone_name(self) -> str:
@@ -305,37 +345,40 @@ class Schedule(models.Model):
         if "catch_up_limit" not in skip and isinstance(self.catch_up_limit, int) and self.catch_up_limit < 1:
             yield "catch_up_limit", f"catch_up_limit must be >= 1, got {self.catch_up_limit!r}"
 
-    def _plan_next_occurrence(self, using: str) -> bool:
-        """Set ``next_occurrence_at`` for a new, edited, re-enabled or disabled schedule.
+    def _plan_new_occurrence(self, using: str) -> None:
+        """Set ``next_occurrence_at`` of a schedule about to be inserted (none if disabled; the first
+        occurrence after now unless the caller gave the bookkeeping)."""
+        from . import cron, store
+
+        if not self.enabled:
+            self.next_occurrence_at = None
+        elif self.last_occurrence_at is None and self.next_occurrence_at is None:
+            self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
+
+    def _replan_next_occurrence(self, old: dict[str, Any], using: str) -> bool:
+        """Recompute ``next_occurrence_at`` if this save changes what it depends on.
+
+        Args:
+            old: the locked row's ``cron``, ``timezone``, ``enabled`` and bookkeeping fields.
 
         Returns:
-            True when ``next_occurrence_at`` was (re)computed or cleared.
+            True when ``next_occurrence_at`` was recomputed (a new cron expression or time zone, or
+            re-enabled: the first occurrence after database time and after the last one emitted)
+            or cleared (disabled); False when the stored value stands.
         """
         from . import cron, store
 
         if not self.enabled:
             self.next_occurrence_at = None
-            return True
-        old = None
-        if not self._state.adding and self.pk is not None:
-            old = (type(self)._base_manager.using(using).filter(pk=self.pk)
-                   .values("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at",
-                           "skipped_occurrences").first())
-        if old is None:
-            if self.last_occurrence_at is None and self.next_occurrence_at is None:
-                self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
-                return True
+            return old["next_occurrence_at"] is not None
+        if old["cron"] == self.cron and _zone_name(old["timezone"]) == self.zone_name and old["enabled"]:
             return False
-        # The scheduler may have advanced the row since this instance was loaded (an admin form):
-        # never write its bookkeeping back. A race between this read and the write remains; the
-        # jobs' unique key makes it harmless (a re-computed occurrence is not emitted twice).
-        self.last_occurrence_at = _latest(old["last_occurrence_at"], self.last_occurrence_at)
-        self.skipped_occurrences = max(old["skipped_occurrences"], self.skipped_occurrences or 0)
-        if old["cron"] != self.cron or _zone_name(old["timezone"]) != self.zone_name or not old["enabled"]:
-            self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
-            return True
-        self.next_occurrence_at = _latest(old["next_occurrence_at"], self.next_occurrence_at)
-        return False
+        # From the later of now and the last occurrence emitted: no back-fill, and never an
+        # occurrence the scheduler already emitted (its job may have been pruned since).
+        after = _latest(store.db_now(using), old["last_occurrence_at"])
+        assert after is not None
+        self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, after)
+        return True
 
 
 def _zone_name(timezone: str) -> str:
@@ -387,6 +430,10 @@ class WorkerProcess(models.Model):
     pid = models.IntegerField()
     queues = models.JSONField(default=list, blank=True)
     concurrency = models.PositiveIntegerField(default=1)
+    # The task names a worker can run, as it registered them (sorted). NULL: not recorded (a
+    # scheduler or reaper, or a worker of a version before this column), read as "knows every
+    # task", so such a worker never lets a job be dead-lettered as UnknownTask.
+    tasks = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField()
     last_heartbeat_at = models.DateTimeField()
     last_tick_at = models.DateTimeField(null=True, blank=True)

@@ -1,4 +1,5 @@
-"""The reaper: takes back expired leases and prunes old finished jobs.
+"""The reaper: takes back expired leases, prunes old finished jobs, and dead-letters the jobs of
+tasks that no live worker knows (rolling deploys, after ``UNKNOWN_TASK_GRACE``).
 
 A job whose ``leased_until`` has passed by database time goes back to ``ready`` (its claim counted
 as an attempt), or to ``dead`` when its attempts are exhausted, with "lease expired" recorded as
@@ -59,6 +60,37 @@ def prune_processes(settings: Settings, *, now: datetime | None = None, alias: s
     return store.process_prune(older_than=settings.process_prune_after, now=now, alias=alias)
 
 
+def dead_letter_unknown_tasks(settings: Settings, *, now: datetime | None = None, alias: str | None = None,
+                              by: str = "reaper") -> list[store.DeadLettered]:
+    """Dead-letter, as ``UnknownTask``, due ready jobs whose task no live worker serving their queue
+    has known for ``UNKNOWN_TASK_GRACE`` seconds (see :func:`store.job_dead_letter_unknown_tasks`);
+    nothing when the setting is None. Emits ``dead_lettered`` for each.
+
+    Args:
+        settings: validated settings (``UNKNOWN_TASK_GRACE``, ``PROCESS_ALIVE_WITHIN``).
+        now: aware datetime instead of the database clock (tests).
+        by: the calling process id, recorded as the error's ``worker``.
+
+    Returns:
+        The jobs dead-lettered.
+    """
+    if settings.unknown_task_grace is None:
+        return []
+    dead: list[store.DeadLettered] = []
+    while True:
+        rows = store.job_dead_letter_unknown_tasks(grace=settings.unknown_task_grace,
+                                                   alive_within=settings.process_alive_within, by=by,
+                                                   limit=REAP_BATCH, now=now, alias=alias)
+        dead.extend(rows)
+        for row in rows:
+            signals.emit("dead_lettered", error="UnknownTask",
+                         message=f"no live worker serving queue {row.queue!r} knows the task",
+                         job_id=row.id, task=row.task, queue=row.queue, attempt=row.attempts,
+                         token=row.lease_version)
+        if len(rows) < REAP_BATCH:
+            return dead
+
+
 def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
     """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count."""
     if settings.retention is None:
@@ -93,6 +125,7 @@ class ReaperService(Service):
 
     def run_once(self) -> float:
         self.reaped += len(reap_once(alias=self.alias))
+        dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
         if self._runs % max(1, int(60 / self.interval)) == 0:
             pruned = prune_once(self.settings, alias=self.alias)
             stale = prune_processes(self.settings, alias=self.alias)

@@ -40,7 +40,7 @@ from django.db import IntegrityError, ProgrammingError, connections, router, tra
 from django.db.backends.utils import CursorWrapper
 from psycopg import errors
 
-from .exceptions import NotMigrated
+from .exceptions import NotMigrated, UnknownTask
 from .models import Job, QueueState, Schedule, WorkerProcess
 
 if TYPE_CHECKING:
@@ -407,6 +407,17 @@ _CONC_ADMIT = """
                                    ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                    AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))"""
 
+# Rolling deploys: a worker passes the task names it has registered and claims only jobs of those
+# tasks, so it never leases (and spends an attempt on) a job it could only dead-letter, while a
+# newer worker that knows the task runs it. The test sits in the locked candidate scan next to the
+# others, before the concurrency admission (a row of another task must not take a key's slot):
+# rows of unknown tasks are stepped over like the rows of a full concurrency key, with the index
+# leading by queue as before. The name list is a constant of the statement (client-side binding),
+# which PostgreSQL hashes once it has 9 or more entries. _TASKS_SLOT marks where the test goes;
+# the statements without it (tasks=None: testing helpers) are unchanged.
+_TASKS_SLOT = "/*tasks*/"
+_TASKS_FILTER = "\n          AND j.task = ANY(%(tasks)s::text[])"
+
 _CLAIM_SET = """
 SET status = 'leased',
     attempts = j.attempts + 1,
@@ -435,7 +446,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
-        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_CONC_ADMIT}
+        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_TASKS_SLOT}{_CONC_ADMIT}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -458,7 +469,7 @@ picked AS MATERIALIZED (
     SELECT j.id
     FROM {JOB_TABLE} j, clock
     WHERE j.status = 'ready' AND j.run_at <= clock.now
-      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_CONC_ADMIT}
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_TASKS_SLOT}{_CONC_ADMIT}
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -535,7 +546,7 @@ _RATE_LATERAL = f"""
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
-        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_CONC_ADMIT}
+        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now{_TASKS_SLOT}{_CONC_ADMIT}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED
@@ -623,7 +634,7 @@ unrated AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at
     FROM {JOB_TABLE} j, clock
     WHERE j.status = 'ready' AND j.run_at <= clock.now AND j.queue <> ALL(%(queues)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_CONC_ADMIT}
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused){_TASKS_SLOT}{_CONC_ADMIT}
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -640,6 +651,11 @@ picked AS MATERIALIZED (
 ),
 {_RATE_TAIL}
 """
+
+
+# The claim statements with the task filter in place of _TASKS_SLOT (see above).
+_KNOWN_TASKS_CLAIM = {sql: sql.replace(_TASKS_SLOT, _TASKS_FILTER) for sql in
+                      (JOB_CLAIM, JOB_CLAIM_ANY_QUEUE, JOB_CLAIM_RATED, JOB_CLAIM_ANY_QUEUE_RATED)}
 
 
 class ClaimResult(list[ClaimedJob]):
@@ -692,7 +708,8 @@ def _claimed(r: Sequence[Any]) -> ClaimedJob:
 
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
               now: datetime | None = None, alias: str | None = None,
-              rate_limits: Mapping[str, RateLimit] | None = None) -> ClaimResult:
+              rate_limits: Mapping[str, RateLimit] | None = None,
+              tasks: Sequence[str] | None = None) -> ClaimResult:
     """Lease up to ``limit`` due ready jobs.
 
     Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
@@ -708,6 +725,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
         now: aware datetime to use instead of the database clock (tests).
         rate_limits: queue name -> :class:`~django_leasequeue.conf.RateLimit`; None means
             ``LEASEQUEUE["QUEUES"]`` rate limits. Every worker must use the same limits.
+        tasks: task names to claim (the worker's registered tasks); jobs of other tasks are left
+            ``ready`` for a worker that knows them, untouched (no attempt spent). None: every task.
 
     Returns:
         A :class:`ClaimResult`: the claimed jobs in claim order (priority descending, then run_at,
@@ -723,9 +742,13 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
                               "claim": uuid.uuid4().hex[:16],
                               "queues": list(queues) if queues is not None else None}
+    if tasks is not None:
+        params["tasks"] = list(tasks)
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:
         sql = JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE
+        if tasks is not None:
+            sql = _KNOWN_TASKS_CLAIM[sql]
         with _cursor(alias) as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
@@ -735,6 +758,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     params["rate_n"] = [rate_limits[q].limit if q in rate_limits else None for q in names]
     params["rate_secs"] = [float(rate_limits[q].per) if q in rate_limits else None for q in names]
     sql = JOB_CLAIM_RATED if queues is not None else JOB_CLAIM_ANY_QUEUE_RATED
+    if tasks is not None:
+        sql = _KNOWN_TASKS_CLAIM[sql]
     with transaction.atomic(using=alias), _cursor(alias) as cur:
         cur.execute(RATE_LOCK, {"names": rated})
         if len(cur.fetchall()) < len(rated):
@@ -1604,10 +1629,11 @@ def flow_metrics(*, now: datetime | None = None, alias: str | None = None) -> Fl
 
 PROCESS_UPSERT = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
-INSERT INTO {PROCESS_TABLE} (id, kind, host, pid, queues, concurrency, started_at, last_heartbeat_at)
-SELECT %(id)s, %(kind)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, clock.now, clock.now FROM clock
+INSERT INTO {PROCESS_TABLE} (id, kind, host, pid, queues, concurrency, tasks, started_at, last_heartbeat_at)
+SELECT %(id)s, %(kind)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(tasks)s::jsonb, clock.now, clock.now
+FROM clock
 ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, host = EXCLUDED.host, pid = EXCLUDED.pid,
-    queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
+    queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency, tasks = EXCLUDED.tasks,
     started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at
 """
 
@@ -1620,12 +1646,22 @@ FROM clock WHERE p.id = %(id)s
 
 
 def process_register(*, process_id: str, kind: str, host: str, pid: int, queues: Sequence[str] | None,
-                     concurrency: int, now: datetime | None = None, alias: str | None = None) -> None:
-    """Register (or re-register) a running worker/scheduler/reaper process."""
+                     concurrency: int, tasks: Sequence[str] | None = None, now: datetime | None = None,
+                     alias: str | None = None) -> None:
+    """Register (or re-register) a running worker/scheduler/reaper process.
+
+    Args:
+        queues: the queues it serves, or None for every queue (stored as ``["*"]``).
+        concurrency: its handler threads (0 for a scheduler or reaper).
+        tasks: the task names a worker can run (it claims only those); None: not recorded, which
+            counts as knowing every task (:func:`job_dead_letter_unknown_tasks`).
+        now: aware datetime instead of the database clock (tests); also the registration time.
+    """
     with _cursor(alias) as cur:
         cur.execute(PROCESS_UPSERT, {"now": now, "id": process_id, "kind": kind, "host": host, "pid": pid,
                                      "queues": _dumps(list(queues) if queues is not None else ["*"]),
-                                     "concurrency": concurrency})
+                                     "concurrency": concurrency,
+                                     "tasks": _dumps(sorted(tasks)) if tasks is not None else None})
 
 
 def process_heartbeat(process_id: str, *, tick: bool = False, now: datetime | None = None,
@@ -1656,6 +1692,116 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
         cur.execute(PROCESS_PRUNE, {"now": now, "age": float(older_than)})
         deleted: int = cur.rowcount
         return deleted
+
+
+# Rolling deploys: dead-letter the due ready jobs whose task no live worker serving their queue
+# knows, judged from the process registry (each worker records its task names at registration and
+# claims only those, see _TASKS_FILTER). A job is dead-lettered only when, for its queue:
+#   * at least one live worker (heartbeat within %(alive)s seconds) serves it: with none, nobody
+#     can judge, and the job waits;
+#   * no live worker serving it knows the task, and none has an unrecorded task list (NULL: a
+#     worker of an older version, which may know it);
+#   * the oldest of those workers registered %(grace)s seconds ago or more, and the job has been
+#     due (greatest of created_at and run_at) that long: a newer worker has had the grace to
+#     start and take it.
+# Unknown jobs are never claimed, so they collect at the head of their queue in claim order: the
+# sweep reads the first %(scan)s due rows of each queue that holds ready jobs through the ready
+# index (the queues found by a skip scan of that index, one probe each), not the whole backlog.
+# The task name is only compared, never imported. Locked rows (a claim in flight) are skipped; the
+# status is re-checked under the lock, so a job claimed meanwhile is left alone.
+JOB_DEAD_LETTER_UNKNOWN = f"""
+WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
+live AS MATERIALIZED (
+    SELECT p.queues, p.tasks, p.started_at FROM {PROCESS_TABLE} p, clock
+    WHERE p.kind = 'worker' AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
+),
+ready_queues AS (
+    (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_queues r WHERE r.queue IS NOT NULL
+),
+served AS MATERIALIZED (
+    SELECT r.queue, coalesce(array_agg(DISTINCT t.name) FILTER (WHERE t.name IS NOT NULL), '{{}}') AS known
+    FROM ready_queues r
+    JOIN live w ON w.queues ? r.queue OR w.queues ? '*'
+    LEFT JOIN LATERAL jsonb_array_elements_text(w.tasks) AS t(name) ON true
+    WHERE r.queue IS NOT NULL
+    GROUP BY r.queue
+    HAVING bool_and(w.tasks IS NOT NULL)
+       AND min(w.started_at) <= (SELECT now FROM clock) - make_interval(secs => %(grace)s)
+),
+picked AS MATERIALIZED (
+    SELECT h.id, s.queue
+    FROM served s, clock
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.task, j.created_at, j.run_at FROM {JOB_TABLE} j
+        WHERE j.status = 'ready' AND j.queue = s.queue AND j.run_at <= clock.now
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(scan)s
+    ) AS h
+    WHERE h.task <> ALL(s.known)
+      AND greatest(h.created_at, h.run_at) <= clock.now - make_interval(secs => %(grace)s)
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked)) AND j.status = 'ready'
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET status = 'dead', finished_at = clock.now,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts, 'type', %(type)s::text,
+        'message', format('no task is registered as %%L in any live worker serving queue %%L for %%s seconds '
+                          '(only registered tasks run; a task name read from a job is never imported). '
+                          'Register the task in the workers of this queue, then replay the job.',
+                          j.task, j.queue, %(grace)s::float8),
+        'traceback', '', 'worker', %(worker)s::text, 'at', clock.now))
+FROM locked, clock
+WHERE j.id = locked.id AND j.status = 'ready'
+RETURNING j.id, j.task, j.queue, j.attempts, j.lease_version
+"""
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    """A job dead-lettered by :func:`job_dead_letter_unknown_tasks` (not leased when it was)."""
+
+    id: int
+    task: str
+    queue: str
+    attempts: int
+    lease_version: int
+
+
+def job_dead_letter_unknown_tasks(*, grace: float, alive_within: float, by: str, limit: int = 500,
+                                  scan: int = 100, now: datetime | None = None,
+                                  alias: str | None = None) -> list[DeadLettered]:
+    """Dead-letter due ready jobs whose task no live worker serving their queue has known for ``grace``.
+
+    See ``JOB_DEAD_LETTER_UNKNOWN`` for the exact rule. The error recorded has the type
+    ``django_leasequeue.exceptions.UnknownTask``; the job keeps its attempts (none was spent).
+
+    Args:
+        grace: seconds (``UNKNOWN_TASK_GRACE``) the job must have been due, and the queue's oldest
+            live worker registered, before the job is judged.
+        alive_within: seconds; a worker row whose heartbeat is older does not count (``PROCESS_ALIVE_WITHIN``).
+        by: the sweeping process id, recorded as the error's ``worker``.
+        limit: maximum number of jobs dead-lettered by this call.
+        scan: due rows read at the head of each queue, in claim order.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        The jobs dead-lettered (their id, task, queue, attempts and fencing token).
+    """
+    params = {"now": now, "grace": float(grace), "alive": float(alive_within), "worker": by, "limit": int(limit),
+              "scan": int(scan), "type": f"{UnknownTask.__module__}.{UnknownTask.__qualname__}"}
+    with _cursor(alias) as cur:
+        cur.execute(JOB_DEAD_LETTER_UNKNOWN, params)
+        return [DeadLettered(*r) for r in cur.fetchall()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1831,6 +1977,37 @@ def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = No
     with _cursor(alias) as cur:
         cur.execute(SCHEDULE_ADVANCE, params)
         return {r[0] for r in cur.fetchall()}
+
+
+# Schedule.save() of an existing schedule: lock its row for the rest of the caller's transaction and
+# read what the save needs to decide (the definition it may change and the scheduler's bookkeeping,
+# which the save never writes back from its copy). A scheduler tick holding the row makes the save
+# wait; a tick arriving during the save skips the row (SKIP LOCKED) and takes it on its next pass.
+SCHEDULE_LOCK_FOR_SAVE = f"""
+SELECT s.cron, s.timezone, s.enabled, s.last_occurrence_at, s.next_occurrence_at, s.skipped_occurrences
+FROM {SCHEDULE_TABLE} s
+WHERE s.id = %(id)s
+FOR UPDATE
+"""
+
+
+def schedule_lock_for_save(schedule_id: int, *, alias: str | None = None) -> dict[str, Any] | None:
+    """Lock one schedule row inside the caller's transaction (``FOR UPDATE``) and read it.
+
+    Args:
+        schedule_id: the schedule's primary key.
+
+    Returns:
+        ``cron``, ``timezone``, ``enabled``, ``last_occurrence_at``, ``next_occurrence_at`` (aware
+        datetimes or None) and ``skipped_occurrences``; None when no such row exists.
+    """
+    with _cursor(alias) as cur:
+        cur.execute(SCHEDULE_LOCK_FOR_SAVE, {"id": schedule_id})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    keys = ("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at", "skipped_occurrences")
+    return dict(zip(keys, row, strict=True))
 
 
 # When the scheduler should wake up next: the earliest stored next occurrence of an enabled

@@ -630,10 +630,25 @@ class WorkerService(Service):
             self.wake()
 
     # -- service --------------------------------------------------------------------------------
+    # The task names this worker registered (None until register()): recorded in its registry row
+    # and passed to every claim, so it leases only jobs it can run (rolling deploys).
+    task_names: list[str] | None = None
+
     def register(self) -> None:
+        """Write this worker's registry row: queues, concurrency and the task names it can run."""
+        self.task_names = registry.known_task_names()
         store.process_register(process_id=self.worker_id, kind="worker", host=socket.gethostname(),
                                pid=os.getpid(), queues=self.queues, concurrency=self.concurrency,
-                               alias=self.alias)
+                               tasks=self.task_names, alias=self.alias)
+
+    def claim_tasks(self) -> list[str]:
+        """The task names to claim: every task registered in this process now. A task registered
+        after start (a module imported late) is recorded in the registry row first, so no job of
+        it is claimed before the row says this worker knows it."""
+        known = registry.known_task_names()
+        if self.task_names is not None and known != self.task_names:
+            self.register()
+        return known
 
     def on_start(self) -> None:
         registry.autodiscover()
@@ -652,6 +667,7 @@ class WorkerService(Service):
         if self.reap and now >= self._next_reap:
             self._next_reap = now + self.settings.reaper_interval
             reaper.reap_once(alias=self.alias)
+            reaper.dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.worker_id)
             if now >= self._next_process_prune:
                 self._next_process_prune = now + reaper.PROCESS_PRUNE_EVERY
                 reaper.prune_processes(self.settings, alias=self.alias)
@@ -671,7 +687,7 @@ class WorkerService(Service):
                 return self._idle_wait()
             want = self.concurrency + extra - held
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
-                               alias=self.alias)
+                               alias=self.alias, tasks=self.claim_tasks())
         self.claimed += len(jobs)
         items = [self._hold(job) for job in jobs]
         with self._lock:

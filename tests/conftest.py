@@ -34,6 +34,50 @@ def pytest_configure(config):
         config.pluginmanager.register(plugin, "leasequeue")
 
 
+# Django opens this maintenance database to CREATE or DROP the test database (and nothing else).
+MAINTENANCE_DATABASES = frozenset({"postgres"})
+
+
+class NotATestDatabase(RuntimeError):
+    """A test opened a connection to a database whose name does not start with ``test_``."""
+
+
+def refuse_non_test_database(sender, connection, **kwargs):
+    """``connection_created`` receiver: refuse any connection a test opens to a database that is
+    not a test database (name starting with ``test_``), before a single statement runs on it.
+
+    Raises:
+        NotATestDatabase: naming the database and the likely cause.
+    """
+    name = str(connection.settings_dict.get("NAME") or "")
+    if name.startswith("test_") or name in MAINTENANCE_DATABASES:
+        return
+    connection.close()
+    raise NotATestDatabase(
+        f"a test connected to the database {name!r} (alias {connection.alias!r}), which is not a test "
+        "database: give the test database access through pytest-django's db or transactional_db "
+        "fixture (or a django_db marker), so that pytest-django creates test_<name> for it"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _only_test_databases():
+    """Fail every test that connects to a database other than a test database (the developer's
+    project database above all). Session fixtures, which create the test databases, have run by
+    the time this one starts; worker threads of the test are covered too (the signal is global)."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            refuse_non_test_database(None, conn)
+    connection_created.connect(refuse_non_test_database, dispatch_uid="lq-test-only-test-databases")
+    try:
+        yield
+    finally:
+        connection_created.disconnect(dispatch_uid="lq-test-only-test-databases")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _flush_with_delete():
     """Make the flush after each ``transactional_db`` test DELETE rows instead of TRUNCATE tables.
@@ -115,6 +159,10 @@ def spawn(transactional_db, request) -> Iterator[Callable[..., WorkerProcess]]:
     def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
         full_env = {**os.environ, "LEASEQUEUE_DB_NAME": connection.settings_dict["NAME"],
                     "PYTHONUNBUFFERED": "1", **(env or {})}
+        # The process would run (and its reaper prune) on that database: a test database only.
+        if not full_env["LEASEQUEUE_DB_NAME"].startswith("test_"):
+            raise NotATestDatabase(f"spawn: refusing to start {args!r} on the database "
+                                   f"{full_env['LEASEQUEUE_DB_NAME']!r}, which is not a test database")
         proc = WorkerProcess(list(args), full_env)
         started.append(proc)
         return proc

@@ -14,7 +14,12 @@ from decimal import Decimal
 
 from django_leasequeue import Backoff, JobContext, LeaseLost, task
 
+from . import ledger
 from .models import Effect, Execution, Probe
+
+# Task names this process leaves unregistered (comma-separated): the chaos suite's rolling deploy
+# starts an "old" worker with QA_SKIP_TASKS=qa.chaos_new, a build that does not know that task yet.
+SKIP_TASKS = frozenset(filter(None, os.environ.get("QA_SKIP_TASKS", "").split(",")))
 
 
 def _record(context: JobContext, tag: str = "") -> None:
@@ -250,17 +255,58 @@ def chaos(context: JobContext, work: float = 0.0, mark: bool = False) -> None:
 
     ``mark``: first write an ``Execution(tag="chaos-started")`` row (outside any fence), so a test
     can tell a handler that started from a job only claimed (a prefetched job waiting for a thread)."""
-    if mark:
-        _record(context, "chaos-started")
-    if work:
-        time.sleep(work)
-    try:
-        with context.fenced_atomic():
-            Effect.objects.create(key=f"job-{context.job_id}", job_id=context.job_id,
-                                  lease_version=context.lease_version)
-    except LeaseLost:
-        Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced", ok=False)
-        raise
+    with ledger.execution(context, "qa.chaos"):
+        if mark:
+            _record(context, "chaos-started")
+        if work:
+            time.sleep(work)
+        try:
+            with context.fenced_atomic():
+                Effect.objects.create(key=f"job-{context.job_id}", job_id=context.job_id,
+                                      lease_version=context.lease_version)
+        except LeaseLost:
+            Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced",
+                                 ok=False)
+            raise
+
+
+@task(name="qa.chaos_plain", takes_context=True, max_attempts=25, backoff=Backoff(base=0.05, factor=2, max=0.5))
+def chaos_plain(context: JobContext, work: float = 0.0, size: int = 0) -> object:
+    """The chaos suite's second workload: a plain handler that returns a value, completed by the
+    worker's default (batched) completion path, with no fence. Every run is in the execution
+    ledger (``qa.ledger``), outside the job's transaction, so a run of a job whose handler had
+    already returned shows up as a second ledger row. ``size`` > 0: return a string of that many
+    characters instead (the huge-result fault)."""
+    with ledger.execution(context, "qa.chaos_plain"):
+        if work:
+            time.sleep(work)
+        if size:
+            return "x" * size
+        return {"job": context.job_id, "token": context.lease_version}
+
+
+@task(name="qa.chaos_keyed", takes_context=True, max_attempts=5, timeout=1, backoff=0.05,
+      concurrency_key="{key}", concurrency_limit=1)
+def chaos_keyed(context: JobContext, key: str, work: float = 0.0, first_only: bool = True) -> str:
+    """A plain handler under a per-key limit of 1 with ``timeout=1``: sleeps ``work`` seconds (on
+    the first attempt only when ``first_only``), so a ``work`` above 1 s runs past the timeout. The
+    ledger row carries the key, so the suite can count handlers of one key running at once."""
+    with ledger.execution(context, "qa.chaos_keyed", concurrency_key=key):
+        if work and (context.attempt == 1 or not first_only):
+            time.sleep(work)
+        return key
+
+
+def _chaos_new(context: JobContext, work: float = 0.0) -> dict[str, int]:
+    """The rolling deploy's new task: a plain handler only the "new" build registers."""
+    with ledger.execution(context, "qa.chaos_new"):
+        if work:
+            time.sleep(work)
+        return {"job": context.job_id, "pid": os.getpid()}
+
+
+if "qa.chaos_new" not in SKIP_TASKS:
+    chaos_new = task(name="qa.chaos_new", takes_context=True, max_attempts=3, backoff=0.05)(_chaos_new)
 
 
 def _recurse(depth: int = 0) -> int:

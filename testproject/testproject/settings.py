@@ -92,7 +92,11 @@ LEASEQUEUE = {
     # Bearer token for /leasequeue/metrics (None: staff sessions only).
     "METRICS_TOKEN": os.environ.get("LEASEQUEUE_METRICS_TOKEN") or None,
     # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
-    "IMPORTS": ["invoices.framework_tasks"],
+    # LEASEQUEUE_EXTRA_TASKS=1 gives a worker qa.deploy_tasks too: the newer worker of a rolling
+    # deploy, side by side with one that does not know those tasks.
+    "IMPORTS": ["invoices.framework_tasks", *(["qa.deploy_tasks"] if os.environ.get("LEASEQUEUE_EXTRA_TASKS") else [])],
+    # Seconds before a job of a task no live worker knows is dead-lettered (0 in the tests of that).
+    "UNKNOWN_TASK_GRACE": float(os.environ.get("LEASEQUEUE_UNKNOWN_TASK_GRACE", "300")),
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
     # The TASKS queues below stay allowed (system check leasequeue.E103).
     "QUEUES": ({"default": {}, "invoices": {}, **json.loads(os.environ["LEASEQUEUE_QUEUES"])}

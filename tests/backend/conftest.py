@@ -43,12 +43,18 @@ _TABLES = ("leasequeue_job", "leasequeue_process", "leasequeue_queue", "invoices
 
 
 @pytest.fixture
-def committed_db(django_db_setup, django_db_blocker) -> Iterator[None]:
+def committed_db(transactional_db) -> Iterator[None]:
     """Database access in autocommit mode, so the worker's own connections see the test's rows;
-    the queue and example tables are truncated afterwards."""
-    with django_db_blocker.unblock():
-        try:
-            yield
-        finally:
-            with connection.cursor() as cur:
-                cur.execute(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE")
+    the queue and example tables are truncated afterwards.
+
+    It names pytest-django's ``transactional_db`` as a parameter: pytest-django creates the test
+    database only for the aliases that the selected tests' fixture closures ask for (``db``,
+    ``transactional_db``, a ``django_db`` marker). With only ``django_db_setup`` and an unblocked
+    ``django_db_blocker``, a run that selects nothing else creates no test database and this
+    fixture's TRUNCATE empties the developer's own database.
+    """
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE")

@@ -70,10 +70,18 @@ def test_unregistered_paths_are_dead_lettered_and_never_imported(tmp_path):
     system_id = _raw_job("os.system", [f"touch {marker}"])
     module_id = _raw_job("tests.backend.never_imported.boom", [])
     assert "tests.backend.never_imported" not in sys.modules
-    drain()
+    worker = drain()
+    # The worker claims only the tasks it registered: the rows stay ready, no attempt spent.
+    for job_id in (system_id, module_id):
+        assert Job.objects.filter(pk=job_id).values_list("status", "attempts").get() == ("ready", 0)
+    assert "tests.backend.never_imported" not in sys.modules
+    # The reaper's sweep dead-letters them once no live worker of the queue knows the task.
+    worker.register()
+    dead = store.job_dead_letter_unknown_tasks(grace=0, alive_within=30, by="test:0:sweep")
+    assert {d.id for d in dead} == {system_id, module_id}
     for job_id in (system_id, module_id):
         job = Job.objects.get(pk=job_id)
-        assert (job.status, job.attempts) == ("dead", 1)
+        assert (job.status, job.attempts) == ("dead", 0)
         (error,) = job.errors
         assert error["type"] == f"{UnknownTask.__module__}.{UnknownTask.__qualname__}"
         assert "only registered tasks run" in error["message"]

@@ -31,7 +31,8 @@ def test_runworker_runs_framework_tasks_with_leases_retries_and_dead_letters(spa
     forged = _raw_job("os.system", [f"touch {tmp_path / 'pwned'}"])
 
     worker = spawn("runworker", "--concurrency", "2",
-                   env={"LEASEQUEUE_LOG_LEVEL": "INFO", "LEASEQUEUE_POLL_INTERVAL": "0.2"})
+                   env={"LEASEQUEUE_LOG_LEVEL": "INFO", "LEASEQUEUE_POLL_INTERVAL": "0.2",
+                        "LEASEQUEUE_UNKNOWN_TASK_GRACE": "0"})
 
     def finished(task, result):
         return task.get_result(result.id).is_finished

@@ -12,6 +12,14 @@ at the end, whatever was killed, frozen or cut off:
   refused (a ``Probe`` or a ``lease_lost`` note in the job's history names that token);
 * the number of jobs equals the number enqueued.
 
+The second workload, ``qa.chaos_plain``, returns a value and is completed by the worker's default
+(batched) completion path, without a fence: there is no effect to count, so the execution ledger
+does the counting. Every workload handler writes a ``qa.LedgerEntry`` row per start, completed
+when it returns, on a connection of its own outside the job's transaction (``qa.ledger``).
+:func:`execution_books` reads it: handler executions, re-runs of jobs whose handler had already
+returned, attempts of one job running at the same time, and the most handlers of one concurrency
+key running at once.
+
 Times that go into the results (fault instants, recoveries) are read from the database clock,
 because that is the only clock the queue uses.
 
@@ -34,7 +42,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from qa.models import Effect, Execution, Probe
+from qa.models import Effect, Execution, LedgerEntry, Probe
 
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.models import Job, WorkerProcess
@@ -58,10 +66,18 @@ LEASE = float(CHAOS_ENV["LEASEQUEUE_LEASE"])
 ACTIVE = ("ready", "leased")
 
 
-def scaled(n: int) -> int:
+FULL_JOBS = 5000  # the least workload of a fault class in a --full run
+
+
+def scaled(n: int, *, workload: bool = True) -> int:
     """``n`` times ``LEASEQUEUE_CHAOS_SCALE`` (default 1): the suite's sizes fit a few minutes on
-    a loaded 2-core machine; a bigger machine, or a nightly run, can multiply them."""
-    return max(1, round(n * float(os.environ.get("LEASEQUEUE_CHAOS_SCALE", "1"))))
+    a loaded 2-core machine; a bigger machine, or a nightly run, can multiply them. With
+    ``LEASEQUEUE_CHAOS_FULL=1`` (``python -m tests.chaos.report --run --full``) a fault class's
+    workload is at least :data:`FULL_JOBS`, the size the published table is measured at;
+    ``workload=False`` for the other sizes of a test (jobs per key, ...), which only scale."""
+    size = max(1, round(n * float(os.environ.get("LEASEQUEUE_CHAOS_SCALE", "1"))))
+    full = workload and os.environ.get("LEASEQUEUE_CHAOS_FULL") == "1"
+    return max(FULL_JOBS, size) if full else size
 FINISHED = ("done", "dead", "cancelled")
 
 
@@ -107,6 +123,44 @@ def enqueue_chaos(n: int, *, seed: int, long_share: float = 0.005, long_work: tu
     return ids
 
 
+def enqueue_plain(n: int, *, seed: int, long_share: float = 0.005, long_work: tuple[float, float] = (1.0, 3.0),
+                  short_share: float = 0.1, short_work: tuple[float, float] = (0.01, 0.08),
+                  max_attempts: int | None = None, queue: str | None = None, task: str = "qa.chaos_plain",
+                  size: int = 0) -> list[int]:
+    """Enqueue ``n`` jobs of the plain workload (``qa.chaos_plain``: the handler returns a value,
+    completed by the default completion path), with the same mix of work as :func:`enqueue_chaos`;
+    return their ids in id order. ``task``: another plain ledger task (``qa.chaos_new``);
+    ``size``: each returns a string of that many characters."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        r = rng.random()
+        kwargs: dict[str, object] = {}
+        if r < long_share:
+            kwargs["work"] = round(rng.uniform(*long_work), 3)
+        elif r < long_share + short_share:
+            kwargs["work"] = round(rng.uniform(*short_work), 3)
+        if size:
+            kwargs["size"] = size
+        items.append(([], kwargs))
+    before = set(Job.objects.filter(task=task).values_list("id", flat=True))
+    options: dict[str, object] = {"max_attempts": max_attempts} if max_attempts else {}
+    if queue:
+        options["queue"] = queue
+    assert enqueue_many(task, items, **options) == n
+    ids = sorted(set(Job.objects.filter(task=task).values_list("id", flat=True)) - before)
+    assert len(ids) == n
+    return ids
+
+
+def enqueue_both(n: int, *, seed: int, **options: object) -> tuple[list[int], list[int]]:
+    """``n`` jobs of each workload: ``(fenced qa.chaos ids, plain qa.chaos_plain ids)``."""
+    return enqueue_chaos(n, seed=seed, **options), enqueue_plain(n, seed=seed + 1, **options)
+
+
+WORKLOAD = ("qa.chaos", "qa.chaos_plain")
+
+
 def started(ids: Iterable[int]) -> set[tuple[int, int]]:
     """``(job id, token)`` of the marked ``qa.chaos`` handlers (``mark=True``) among ``ids`` that
     have started: a lease without a marker was only claimed (prefetched), not run."""
@@ -138,6 +192,40 @@ def wait_drained(timeout: float, *, task: str | None = "qa.chaos", tick: Callabl
             tick()
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def wait_settled(timeout: float, *, tick: Callable[[], None] | None = None, interval: float = 0.25) -> float | None:
+    """Like :func:`wait_drained` over every task, but on timeout return None instead of failing:
+    the test records its row (the figures of a failing run are the "before" of a fix) and then
+    asserts."""
+    start = time.monotonic()
+    while remaining(None):
+        if time.monotonic() - start > timeout:
+            return None
+        if tick is not None:
+            tick()
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def statuses(ids: Iterable[int]) -> dict[str, int]:
+    """``{status: jobs}`` of jobs ``ids``."""
+    return dict(Counter(Job.objects.filter(id__in=list(ids)).values_list("status", flat=True)))
+
+
+def runs_note(books: Ledger) -> str:
+    """The execution ledger's side figures for a row's notes."""
+    runs = books.runs
+    if runs is None:
+        return ""
+    parts = [f"{runs.executions:,} handler executions ({runs.returned:,} returned)"]
+    if runs.reruns:
+        parts.append(f"{runs.reruns} re-runs of {runs.rerun_jobs} returned jobs")
+    if runs.overlaps:
+        parts.append(f"{runs.overlaps} overlapping attempt pairs on {runs.overlapping_jobs} jobs")
+    if runs.open_ended or runs.unknown_end:
+        parts.append(f"{runs.open_ended} still running, {runs.unknown_end} of exited processes never returned")
+    return "; ".join(parts)
 
 
 def db_now() -> datetime:
@@ -187,6 +275,9 @@ class Fleet:
         self.prefix = prefix
         self.members: list[Member] = []
         self.kills = 0
+        # pid -> database time by which that process was gone (killed, stopped, or seen exited):
+        # the end of any execution of it that never returned (see execution_books()).
+        self.deaths: dict[int, datetime] = {}
 
     def start(self, *, env: dict[str, str] | None = None, name: str | None = None,
               args: tuple[str, ...] | None = None) -> Member:
@@ -229,6 +320,16 @@ class Fleet:
         self.kills += 1
         wait_for(lambda: not [b for b in backends() if b[1] == f"chaos-{member.name}"], timeout=60, interval=0.02,
                  what=f"the sessions of killed worker {member.name} to end")
+        self.deaths[member.pid] = db_now()
+
+    def note_exits(self) -> None:
+        """Record, as an upper bound of its death, the database time now for every member seen
+        exited whose death is not recorded yet (call it between polls)."""
+        gone = [m for m in self.members if m.pid not in self.deaths and not m.running]
+        if gone:
+            at = db_now()
+            for m in gone:
+                self.deaths[m.pid] = at
 
     def stop(self, timeout: float = 60) -> dict[str, tuple[int, float]]:
         """SIGTERM every live worker at once; return ``{name: (exit code, seconds to exit)}``."""
@@ -240,6 +341,7 @@ class Fleet:
         for m in live:
             code = m.proc.wait(timeout)
             result[m.name] = (code, time.monotonic() - start)
+        self.note_exits()
         return result
 
 
@@ -293,9 +395,155 @@ def terminate(pid: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Run:
+    """One handler execution from the execution ledger: ``ended`` is when it returned or raised,
+    None if it never did (still running, or its process died)."""
+
+    job_id: int
+    token: int
+    pid: int
+    started: datetime
+    ended: datetime | None
+    outcome: str  # "returned", "raised", or "" (never ended)
+    concurrency_key: str = ""
+    worker: str = ""
+
+
+@dataclass
+class ExecutionBooks:
+    """What the execution ledger says about a set of jobs (see :func:`analyse_runs`)."""
+
+    executions: int  # handler starts
+    returned: int  # executions that returned a value (not raised)
+    reruns: int  # starts with a later token than a recorded return of the same job
+    rerun_jobs: int  # jobs with at least one such start
+    overlaps: int  # pairs of executions of one job whose intervals overlap
+    overlapping_jobs: int
+    max_per_key: dict[str, int]  # most executions of one concurrency key running at once
+    max_per_process: dict[int, int]  # most executions running at once in one worker process (by pid)
+    open_ended: int  # executions that never ended, of a process still alive at the reading
+    unknown_end: int  # executions that never ended, of a process gone at an unknown time
+    examples: list[str] = field(default_factory=list)  # a few re-runs and overlaps, for messages
+
+    @property
+    def max_concurrent_per_key(self) -> int | None:
+        return max(self.max_per_key.values()) if self.max_per_key else None
+
+
+def analyse_runs(runs: Iterable[Run], *, deaths: dict[int, datetime] | None = None,
+                 alive: Callable[[int], bool] | None = None, now: datetime | None = None) -> ExecutionBooks:
+    """The ledger's arithmetic, on rows already read (a pure function, self-tested on synthetic
+    rows in ``test_ledger_arithmetic.py``).
+
+    * A *re-run* is a start whose token is later than the token of a recorded return of the same
+      job: its handler had already returned a value, and it ran again.
+    * Two executions of one job *overlap* when their intervals ``[started, end)`` intersect. The
+      end is the return (or raise); for one that never ended, the death of its process
+      (``deaths[pid]``, database time), else ``now`` while the process is ``alive(pid)`` (still
+      running, so open-ended), else unknown: then the execution is counted in ``unknown_end`` and
+      closes at its own start (it cannot be shown to overlap).
+    * ``max_per_key``: the most executions of one concurrency key whose intervals hold at once;
+      ``max_per_process``: the same per worker process (to compare with its ``--concurrency``).
+    """
+    deaths = deaths or {}
+    alive = alive or _pid_alive
+    runs = list(runs)
+    by_job: dict[int, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_job[r.job_id].append(r)
+    open_ended = unknown = 0
+    FAR = datetime.max.replace(tzinfo=runs[0].started.tzinfo) if runs else None
+
+    def end_of(r: Run) -> datetime:
+        nonlocal open_ended, unknown
+        if r.ended is not None:
+            return r.ended
+        if r.pid in deaths:
+            return max(deaths[r.pid], r.started)
+        if alive(r.pid):
+            open_ended += 1
+            return now or FAR  # type: ignore[return-value]
+        unknown += 1
+        return r.started
+
+    ends = {id(r): end_of(r) for r in runs}
+    reruns = rerun_jobs = overlaps = overlapping_jobs = 0
+    examples: list[str] = []
+    for job_id, job_runs in by_job.items():
+        returned = [r.token for r in job_runs if r.outcome == "returned"]
+        if returned:
+            later = [r for r in job_runs if r.token > min(returned)]
+            reruns += len(later)
+            rerun_jobs += bool(later)
+            if later and len(examples) < 6:
+                examples.append(f"job {job_id} returned under token {min(returned)}, ran again under "
+                                f"{sorted(r.token for r in later)}")
+        job_runs.sort(key=lambda r: r.started)
+        pairs = 0
+        for i, a in enumerate(job_runs):
+            for b in job_runs[i + 1:]:
+                if b.started < ends[id(a)] and a.started < ends[id(b)]:
+                    pairs += 1
+                    if len(examples) < 6:
+                        examples.append(f"job {job_id}: tokens {a.token} ({a.worker}) and {b.token} ({b.worker}) "
+                                        "ran at once")
+        overlaps += pairs
+        overlapping_jobs += bool(pairs)
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    by_process: dict[int, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_process[r.pid].append(r)
+        if r.concurrency_key:
+            by_key[r.concurrency_key].append(r)
+
+    def peak(group: list[Run]) -> int:
+        events = [e for r in group if ends[id(r)] > r.started for e in ((r.started, 1), (ends[id(r)], -1))]
+        events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+        level = most = 0
+        for _, step in events:
+            level += step
+            most = max(most, level)
+        return most
+
+    max_per_key = {key: peak(group) for key, group in by_key.items()}
+    max_per_process = {pid: peak(group) for pid, group in by_process.items()}
+    return ExecutionBooks(
+        executions=len(runs), returned=sum(1 for r in runs if r.outcome == "returned"), reruns=reruns,
+        rerun_jobs=rerun_jobs, overlaps=overlaps, overlapping_jobs=overlapping_jobs, max_per_key=max_per_key,
+        max_per_process=max_per_process, open_ended=open_ended, unknown_end=unknown, examples=examples)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet waited for) still answers kill(0): it is not running anything.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def read_runs(ids: Iterable[int]) -> list[Run]:
+    """The execution ledger's rows for jobs ``ids``."""
+    return [Run(job_id=e.job_id, token=e.lease_version, pid=e.pid, started=e.started_at, ended=e.returned_at,
+                outcome=e.outcome, concurrency_key=e.concurrency_key, worker=e.worker.rsplit(":", 1)[-1])
+            for e in LedgerEntry.objects.filter(job_id__in=list(ids))]
+
+
+def execution_books(ids: Iterable[int], *, deaths: dict[int, datetime] | None = None) -> ExecutionBooks:
+    """:func:`analyse_runs` on the ledger rows of jobs ``ids``, as of the database clock now."""
+    return analyse_runs(read_runs(ids), deaths=deaths, now=db_now())
+
+
 @dataclass
 class Ledger:
-    """The books of a chaos run (``qa.chaos`` jobs only)."""
+    """The books of a chaos run: the fenced workload's effects (``qa.chaos``) and, for every
+    workload job, the execution ledger."""
 
     enqueued: int
     jobs: int
@@ -308,6 +556,8 @@ class Ledger:
     failed_attempts: int  # other error entries (handler raised, e.g. a dropped connection)
     retried_jobs: int  # jobs with more than one attempt
     under_refused: list[str] = field(default_factory=list)  # what refused the tokens that have an effect
+    fenced_done: int = 0  # done jobs of the fenced workload (qa.chaos): each must have its effect
+    runs: ExecutionBooks | None = None  # the execution ledger of these jobs
 
     @property
     def lost(self) -> int:
@@ -315,11 +565,12 @@ class Ledger:
         return self.enqueued - sum(self.statuses.get(s, 0) for s in FINISHED)
 
 
-def ledger(ids: list[int]) -> Ledger:
-    """Read the books for the ``qa.chaos`` jobs ``ids`` (the workload of this run)."""
+def ledger(ids: list[int], *, deaths: dict[int, datetime] | None = None) -> Ledger:
+    """Read the books for the workload jobs ``ids`` (``qa.chaos`` and plain ledger tasks) of this
+    run; ``deaths``: :attr:`Fleet.deaths`, the ends of executions that never returned."""
     wanted = set(ids)
     jobs = {j["id"]: j for j in Job.objects.filter(id__in=ids).values(
-        "id", "status", "lease_version", "history", "errors", "attempts")}
+        "id", "task", "status", "lease_version", "history", "errors", "attempts")}
     effects: dict[int, list[int]] = defaultdict(list)
     for job_id, token in Effect.objects.filter(job_id__in=wanted).values_list("job_id", "lease_version"):
         effects[job_id].append(token)
@@ -353,6 +604,8 @@ def ledger(ids: list[int]) -> Ledger:
         effects_under_refused=len(under_refused), under_refused=under_refused, lease_expiries=expiries,
         failed_attempts=failed,
         retried_jobs=sum(1 for j in jobs.values() if j["attempts"] > 1),
+        fenced_done=sum(1 for j in jobs.values() if j["task"] == "qa.chaos" and j["status"] == "done"),
+        runs=execution_books(ids, deaths=deaths),
     )
 
 
@@ -364,9 +617,27 @@ def assert_balanced(books: Ledger, *, done: int | None = None) -> None:
     assert set(books.statuses) <= set(FINISHED), books
     if done is not None:
         assert books.statuses.get("done", 0) == done, books
-    assert books.effects == books.statuses.get("done", 0), books
+    assert books.effects == books.fenced_done, books
     assert books.duplicate_effects == 0, books
     assert books.effects_under_refused == 0, books
+
+
+def assert_no_reruns(books: Ledger) -> None:
+    """No job ran again after its handler had returned (the target of faults that kill or freeze
+    no handler mid-run)."""
+    runs = books.runs
+    assert runs is not None
+    assert runs.reruns == 0, f"{runs.reruns} re-runs of {runs.rerun_jobs} returned jobs: {runs.examples}"
+
+
+def assert_no_overlaps(books: Ledger, *, key_limit: int | None = None) -> None:
+    """Never two attempts of one job at once; with ``key_limit``, never more handlers of one
+    concurrency key at once than that (the target of every fault)."""
+    runs = books.runs
+    assert runs is not None
+    assert runs.overlaps == 0, f"{runs.overlaps} overlapping attempts on {runs.overlapping_jobs} jobs: {runs.examples}"
+    if key_limit is not None and runs.max_per_key:
+        assert runs.max_concurrent_per_key <= key_limit, runs.max_per_key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,6 +672,10 @@ def record(key: str, *, fault: str, jobs: int, faults: int, books: Ledger | None
         "refused_writes": books.refused_tokens if books else 0,
         "lease_expiries": (books.lease_expiries if books else 0) + also_expiries,
         "failed_attempts": (books.failed_attempts if books else 0) + also_failed,
+        "executions": books.runs.executions if books and books.runs else None,
+        "reruns": books.runs.reruns if books and books.runs else None,
+        "overlaps": books.runs.overlaps if books and books.runs else None,
+        "max_per_key": books.runs.max_concurrent_per_key if books and books.runs else None,
         "recovery_s": None if recovery is None else round(recovery, 2),
         "recovery_meaning": recovery_meaning, "notes": notes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

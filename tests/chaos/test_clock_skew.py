@@ -26,10 +26,14 @@ from django_leasequeue.models import Job
 from tests.chaos.harness import (
     Fleet,
     assert_balanced,
+    assert_no_overlaps,
+    assert_no_reruns,
     db_now,
     enqueue_chaos,
+    enqueue_plain,
     ledger,
     record,
+    runs_note,
     scaled,
     seconds,
     wait_drained,
@@ -84,6 +88,8 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     # Long jobs outlive the lease and are renewed. A 4 s lease (renewed every 1.3 s) rather than the
     # suite's 2 s: this test asserts that no lease expires at all, also on a loaded machine.
     ids = enqueue_chaos(JOBS, seed=5, long_share=0.03, long_work=(4.5, 5.5))
+    # The second workload: plain handlers that return a value (the default completion path).
+    plain = enqueue_plain(JOBS // 2, seed=55, long_share=0.03, long_work=(4.5, 5.5))
     # Delayed jobs, due 3 s from now by the database clock; a worker ten days ahead must not run them early.
     due = db_now() + timedelta(seconds=3)
     assert enqueue_many("qa.chaos", [[] for _ in range(30)], run_at=due) == 30
@@ -96,8 +102,8 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     exits = fleet.stop()
     assert all(code == 0 for code, _ in exits.values()), exits
 
-    all_ids = [*ids, *delayed]
-    books = ledger(all_ids)
+    all_ids = [*ids, *delayed, *plain]
+    books = ledger(all_ids, deaths=fleet.deaths)
     assert_balanced(books, done=len(all_ids))
     # Exactly as with correct clocks: no lease expired, no write refused, one attempt each.
     assert (books.lease_expiries, books.refused_tokens, books.failed_attempts, books.retried_jobs) == (0, 0, 0, 0)
@@ -125,5 +131,8 @@ def test_workers_with_skewed_clocks_behave_like_the_others(spawn):
     record("clock_skew", fault=f"2 of 3 workers with the system clock {SKEW_DAYS} days ahead / behind "
            f"({method})", jobs=len(all_ids) + len(stamped), faults=2, books=books, recovery=None, also=stamped,
            recovery_meaning="nothing to recover: no lease expired, no write was refused",
-           notes=f"done by right/ahead/behind: {by['right'].count()}/{by['ahead'].count()}/{by['behind'].count()}",
+           notes=f"done by right/ahead/behind: {by['right'].count()}/{by['ahead'].count()}/{by['behind'].count()}; "
+                 f"{runs_note(books)}",
            seconds=round(drained, 1))
+    assert_no_reruns(books)
+    assert_no_overlaps(books)

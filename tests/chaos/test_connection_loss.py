@@ -22,12 +22,15 @@ from django_leasequeue.notify import _NOT_LIBPQ
 from tests.chaos.harness import (
     Fleet,
     assert_balanced,
+    assert_no_overlaps,
+    assert_no_reruns,
     backends,
     db_now,
-    enqueue_chaos,
+    enqueue_both,
     ledger,
     record,
     remaining,
+    runs_note,
     scaled,
     seconds,
     terminate,
@@ -59,7 +62,9 @@ def kind_of(state: str, query: str) -> str:
 
 def test_pg_terminate_backend_mid_job_and_mid_heartbeat(spawn):
     rng = random.Random(27)
-    ids = enqueue_chaos(JOBS, seed=3, long_share=0.03, long_work=(1.0, 2.5))
+    # Both workloads: fenced jobs and plain handlers that return a value (the default completion).
+    fenced, plain = enqueue_both(JOBS // 2, seed=3, long_share=0.03, long_work=(1.0, 2.5))
+    ids = fenced + plain
     fleet = Fleet(spawn)
     fleet.start_reaper()
     members = [fleet.start() for _ in range(3)]
@@ -74,7 +79,8 @@ def test_pg_terminate_backend_mid_job_and_mid_heartbeat(spawn):
         if len(done_kills) >= TERMINATIONS:
             return
         if remaining() < TOP_UP:  # keep work in flight until every termination is done
-            ids.extend(enqueue_chaos(TOP_UP, seed=3 + len(ids), long_share=0.03, long_work=(1.0, 2.5)))
+            more = enqueue_both(TOP_UP // 2, seed=3 + len(ids), long_share=0.03, long_work=(1.0, 2.5))
+            ids.extend(more[0] + more[1])
         if time.monotonic() < next_at:
             return
         want = plan[len(done_kills) % len(plan)]
@@ -86,12 +92,12 @@ def test_pg_terminate_backend_mid_job_and_mid_heartbeat(spawn):
             done_kills.append((want, app.removeprefix("chaos-"), db_now()))
             next_at = time.monotonic() + rng.uniform(0.2, 0.5)
 
-    drained = wait_drained(240, tick=tick, interval=0.02)
+    drained = wait_drained(240, task=None, tick=tick, interval=0.02)
     assert len(done_kills) == TERMINATIONS, f"only {len(done_kills)} terminations before the queue drained"
     for m in members:
         assert m.running, f"{m.name} died:\n{m.proc.output()}"
     exits = fleet.stop()
-    books = ledger(ids)
+    books = ledger(ids, deaths=fleet.deaths)
     assert_balanced(books, done=len(ids))
     assert all(code == 0 for code, _ in exits.values()), exits
     kinds = {k: sum(1 for kind, _, _ in done_kills if kind == k) for k in dict.fromkeys(plan)}
@@ -110,7 +116,12 @@ def test_pg_terminate_backend_mid_job_and_mid_heartbeat(spawn):
     record("pg_terminate", fault="pg_terminate_backend of a worker session every 0.2-0.5 s (mid-job, "
            "mid-heartbeat, LISTEN)", jobs=len(ids), faults=len(done_kills), books=books, recovery=max(recoveries),
            recovery_meaning="worst time from a killed session until that worker completed a job again",
-           notes=", ".join(f"{n} {k}" for k, n in kinds.items()), seconds=round(drained, 1))
+           notes=", ".join(f"{n} {k}" for k, n in kinds.items()) + f"; {runs_note(books)}",
+           seconds=round(drained, 1))
+    # A terminated session kills no handler: no job whose handler returned runs again, and never
+    # two attempts of one job at once.
+    assert_no_reruns(books)
+    assert_no_overlaps(books)
 
 
 @contextmanager

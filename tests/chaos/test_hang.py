@@ -18,8 +18,11 @@ from tests.chaos.harness import (
     CHAOS_ENV,
     Fleet,
     assert_balanced,
+    assert_no_overlaps,
+    assert_no_reruns,
     db_now,
     enqueue_chaos,
+    enqueue_plain,
     ledger,
     record,
     scaled,
@@ -64,8 +67,9 @@ def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(
     fleet.start_reaper()
     second = enqueue("qa.hang_forever", priority=50)
     ids = enqueue_chaos(JOBS, seed=6)
+    plain = enqueue_plain(JOBS // 2, seed=61)  # the second workload: plain handlers returning a value
     others = [fleet.start(name=name) for name in ("w1", "w2")]
-    drained = wait_drained(120)
+    drained = wait_drained(120) + wait_drained(120, task="qa.chaos_plain")
     wait_for(lambda: job_in(first.id, "done"), timeout=60, what="the first hung job's retry")
     assert Job.objects.get(pk=second.id).status == "leased"  # still stuck, still held
     stops = fleet.stop(timeout=GRACE + 30)
@@ -77,8 +81,10 @@ def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(
     wait_for(lambda: job_in(second.id, "done"), timeout=60, what="the second hung job's retry")
     assert last.proc.wait(60) == 0, last.proc.output()
 
-    books = ledger(ids)
-    assert_balanced(books, done=JOBS)
+    books = ledger(ids + plain, deaths=fleet.deaths)
+    assert_balanced(books, done=JOBS + len(plain))
+    assert_no_reruns(books)
+    assert_no_overlaps(books)
     for hung_job in (first, second):
         job = Job.objects.get(pk=hung_job.id)
         assert (job.status, job.attempts) == ("done", 2), job.errors
@@ -93,7 +99,8 @@ def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(
         "attempt", "worker")
     assert name_of(first_by) == "hung" and name_of(retry_by) in ("w1", "w2")
     assert max(recoveries) < 15
-    record("hang", fault="handler hangs for good past its timeout=1 s (twice)", jobs=JOBS + 2, faults=2, books=books,
+    record("hang", fault="handler hangs for good past its timeout=1 s (twice)", jobs=JOBS + len(plain) + 2, faults=2,
+           books=books,
            also=[first.id, second.id],
            recovery=max(recoveries),
            recovery_meaning="worst time from the task timeout until the retry was claimed by a worker",

@@ -19,20 +19,27 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import connection
+from qa.models import LedgerEntry
 
 from django_leasequeue.models import Job
 from tests.chaos.cluster import Cluster, throwaway_cluster, unavailable
 from tests.chaos.harness import (
     Fleet,
     assert_balanced,
+    assert_no_overlaps,
+    assert_no_reruns,
     db_now,
-    enqueue_chaos,
+    enqueue_both,
     finished_count,
     ledger,
     record,
+    remaining,
+    runs_note,
     scaled,
     seconds,
+    statuses,
     wait_drained,
+    wait_settled,
 )
 from tests.conftest import MANAGE, ROOT
 from tests.support import wait_for
@@ -40,7 +47,7 @@ from tests.support import wait_for
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
 JOBS = scaled(1000)
-DBNAME = "lq_chaos_restart"
+DBNAME = "test_lq_chaos_restart"  # a test database: tests may connect to nothing else
 
 
 @contextmanager
@@ -65,7 +72,10 @@ def _try_db_now():
         return None
 
 
-def test_postgresql_restart_mid_run(spawn):
+@contextmanager
+def migrated_cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """A throwaway cluster with the project's database migrated, this test's connection on it;
+    skips the test where no cluster can be made."""
     reason = unavailable()
     if reason:
         pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
@@ -76,29 +86,81 @@ def test_postgresql_restart_mid_run(spawn):
                                  env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
         assert migrate.returncode == 0, migrate.stdout + migrate.stderr
         with default_connection_on(cluster, DBNAME):
-            run_restart(spawn, cluster, env)
+            yield cluster, env
+
+
+def test_postgresql_restart_mid_run(spawn):
+    with migrated_cluster() as (cluster, env):
+        run_restart(spawn, cluster, env)
+
+
+STOPPED = 8.0  # seconds the server stays down in the stop-and-start run: past the 3 s lease
+SLOTS = 3 * 4  # threads of its fleet
+
+
+def test_postgresql_immediate_stop_longer_than_the_lease(spawn):
+    """``pg_ctl stop -m immediate`` (a crash, as far as sessions see it), 8 s down, then start,
+    while every thread of three workers (lease 3 s) is in a 2-4 s handler of either workload:
+    the handlers return while the server is down, and their leases run out before it is back.
+    No handler is killed or frozen: nothing lost, no re-run of a returned job, no overlap."""
+    with migrated_cluster() as (cluster, env):
+        fenced, plain = enqueue_both(JOBS // 2, seed=14)
+        ids = fenced + plain
+        fleet = Fleet(spawn, env={**env, "LEASEQUEUE_LEASE": "3"})
+        fleet.start_reaper()
+        members = [fleet.start() for _ in range(3)]
+        fleet.wait_registered()
+        wait_for(lambda: remaining(None) <= SLOTS, timeout=120, interval=0.1, what="the workload to drain")
+        long_fenced, long_plain = enqueue_both(SLOTS // 2, seed=15, long_share=1.0, long_work=(2.0, 4.0))
+        long_ids = long_fenced + long_plain
+        ids += long_ids
+        wait_for(lambda: LedgerEntry.objects.filter(job_id__in=long_ids, outcome="").count() >= SLOTS - 2,
+                 timeout=60, interval=0.05, what="the long handlers to be running")
+        cluster.stop()
+        time.sleep(STOPPED)
+        cluster.start()
+        connection.close()  # this test's session died with the server, like every other one
+        wait_for(_try_db_now, timeout=60, interval=0.1, what="the server to accept connections")
+        drained = wait_settled(180)
+        alive = [m.name for m in members if m.running]
+        exits = fleet.stop()
+        books = ledger(ids, deaths=fleet.deaths)
+        returned_down = LedgerEntry.objects.filter(job_id__in=ids, outcome="returned", returned_clock="local").count()
+        record("pg_stop_start", fault=f"PostgreSQL stopped (pg_ctl stop -m immediate) for {STOPPED:.0f} s, past "
+               "the 3 s lease, every thread mid-handler (3 workers, both workloads)", jobs=len(ids), faults=1,
+               books=books, recovery=drained,
+               recovery_meaning="time from the server accepting connections again until every job was finished",
+               notes=f"{returned_down} handlers returned while the server was down; {runs_note(books)}")
+        assert drained is not None, f"not drained after 180 s: {statuses(ids)}; {runs_note(books)}"
+        assert len(alive) == 3, [m.proc.output() for m in members if not m.running]
+        assert_balanced(books, done=len(ids))
+        assert_no_reruns(books)
+        assert_no_overlaps(books)
+        assert all(code == 0 for code, _ in exits.values()), exits
 
 
 def run_restart(spawn, cluster: Cluster, env: dict[str, str]) -> None:
-    ids = enqueue_chaos(JOBS, seed=4, long_share=0.02, long_work=(1.0, 2.5))
+    # Both workloads: fenced jobs and plain handlers that return a value (the default completion).
+    fenced, plain = enqueue_both(JOBS // 2, seed=4, long_share=0.02, long_work=(1.0, 2.5))
+    ids = fenced + plain
     fleet = Fleet(spawn, env=env)
     fleet.start_reaper()
     members = [fleet.start() for _ in range(2)]
     fleet.wait_registered()
-    wait_for(lambda: finished_count() >= JOBS // 4, timeout=120, interval=0.1, what="a quarter of the jobs")
+    wait_for(lambda: finished_count() >= JOBS // 8, timeout=120, interval=0.1, what="a quarter of the fenced jobs")
 
-    done_before = finished_count()
+    done_before = Job.objects.filter(id__in=ids, status="done").count()
     started = time.monotonic()
     cluster.restart()
     restart_took = time.monotonic() - started
     connection.close()  # this test's session died with the server, like every other one
     back = wait_for(_try_db_now, timeout=60, interval=0.1, what="the server to accept connections")
 
-    drained = wait_drained(120)
+    drained = wait_drained(120, task=None)
     for m in members:
         assert m.running, f"{m.name} exited:\n{m.proc.output()}"
-    books = ledger(ids)
-    assert_balanced(books, done=JOBS)
+    books = ledger(ids, deaths=fleet.deaths)
+    assert_balanced(books, done=len(ids))
     recoveries = {}
     failures = {}
     for m in members:
@@ -127,10 +189,16 @@ def run_restart(spawn, cluster: Cluster, env: dict[str, str]) -> None:
     assert last_before is not None and first_after is not None
     stall = seconds(last_before, first_after)
     record("pg_restart", fault="PostgreSQL restart (pg_ctl restart -m fast) of a throwaway cluster mid-run",
-           jobs=JOBS, faults=1, books=books, recovery=stall,
+           jobs=len(ids), faults=1, books=books, recovery=stall,
            recovery_meaning="longest time without a completed job, from the last completion before the restart "
                             "to the first after it (the restart itself included)",
-           notes=f"the restart command took {restart_took:.1f} s; {done_before} of {JOBS} jobs were done before it; "
+           notes=f"the restart command took {restart_took:.1f} s; {done_before} of {len(ids)} jobs were done before "
+                 "it; "
                  f"each worker completed a job within {max(recoveries.values()):.1f} s of the server accepting "
-                 f"connections; failed loop iterations logged per worker: {sorted(failures.values())}",
+                 f"connections; failed loop iterations logged per worker: {sorted(failures.values())}; "
+                 f"{runs_note(books)}",
            seconds=round(drained, 1))
+    # No handler is killed or frozen by a restart: no job whose handler returned runs again, and
+    # never two attempts of one job at once.
+    assert_no_reruns(books)
+    assert_no_overlaps(books)

@@ -52,6 +52,27 @@ def test_claim_walks_the_ready_index_under_the_row_lock():
     assert "LockRows" in ancestors_of(plan, "leasequeue_job_ready")
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["queues", "any-queue"])
+def test_claim_of_registered_tasks_keeps_the_plan(named):
+    """A worker claims only its registered tasks (rolling deploys): the task test is a filter on the
+    rows the same locked scan reads, not a new access path (and never a sequential scan)."""
+    with connection.cursor() as cur:
+        cur.execute(SEED, {"rows": 20_000})
+        cur.execute("VACUUM ANALYZE leasequeue_job")
+    params = {"now": None, "limit": 10, "worker": "host:1:docs", "lease": 30.0, "claim": "docs",
+              "queues": ["q1", "q2"] if named else None, "tasks": [f"bench.task_{i}" for i in range(12)]}
+    base = store.JOB_CLAIM if named else store.JOB_CLAIM_ANY_QUEUE
+    sql = store._KNOWN_TASKS_CLAIM[base]
+    assert "j.task = ANY(" in sql and "j.task = ANY(" not in base
+    plan = plan_of(sql, params)
+    nodes = scans(plan, "leasequeue_job")
+    assert not [n for n in nodes if n.startswith("Seq Scan")], nodes
+    assert nodes == scans(plan_of(base, params), "leasequeue_job")
+    if named:
+        assert "Index Scan (leasequeue_job_ready)" in nodes, nodes
+        assert "LockRows" in ancestors_of(plan, "leasequeue_job_ready")
+
+
 def test_no_index_contains_leased_until():
     with connection.cursor() as cur:
         cur.execute(

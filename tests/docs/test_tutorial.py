@@ -101,7 +101,8 @@ def _server() -> dict[str, str]:
 
 @pytest.fixture
 def project(tmp_path):
-    database = f"{settings.DATABASES['default']['NAME']}_tutorial"
+    # A throwaway database named as a test database (never the project's own).
+    database = f"test_{settings.DATABASES['default']['NAME'].removeprefix('test_')}_tutorial"
     with psycopg.connect(dbname="postgres", autocommit=True, **_server()) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')

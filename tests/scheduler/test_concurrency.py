@@ -101,3 +101,47 @@ def test_unique_key_alone_keeps_one_job_per_occurrence(caplog):
     assert Job.objects.filter(schedule=schedule).count() == 3
     schedule.refresh_from_db()
     assert schedule.last_occurrence_at == expected[-1]
+
+
+def test_save_racing_a_tick_never_rewinds_the_scheduler():
+    """An admin save and a scheduler tick on another connection: the tick commits while save() runs
+    (between its read of the row and its write). The save must not put the scheduler's bookkeeping
+    back (last occurrence NULL, next occurrence 10:00, already emitted): once the finished 10:00 job
+    has been pruned, that occurrence would be emitted a second time."""
+    schedule = make_schedule(cron="0 * * * *")
+    Schedule.objects.filter(pk=schedule.pk).update(next_occurrence_at=z(2026, 2, 1, 10))
+    form = Schedule.objects.get(pk=schedule.pk)  # what the admin's change view loads
+    emitted: list = []
+
+    def prune_finished() -> None:
+        # The retention sweep deleted the finished job: its unique key no longer stops a repeat.
+        Job.objects.filter(schedule_id=schedule.pk).delete()
+
+    def tick_on_another_connection(sender, instance, **kwargs) -> None:
+        if instance.pk != schedule.pk:
+            return
+        service = SchedulerService(sync=False, process_id="test:racing")
+        results = run_together(1, lambda i: service.tick(now=z(2026, 2, 1, 10, 0, 1)))
+        emitted.extend(results[0].emitted)
+
+    from django.db.models.signals import pre_save
+
+    pre_save.connect(tick_on_another_connection, sender=Schedule, dispatch_uid="lq-test-racing-tick")
+    try:
+        form.priority = 5
+        form.save()
+    finally:
+        pre_save.disconnect(dispatch_uid="lq-test-racing-tick")
+    prune_finished()
+    following = SchedulerService(sync=False, process_id="test:next")
+    for second in (2, 3):
+        emitted.extend(following.tick(now=z(2026, 2, 1, 10, 0, second)).emitted)
+        prune_finished()
+    row = Schedule.objects.get(pk=schedule.pk)
+    # main: emitted [10:00 (during the save), 10:00 (again, after the prune)]: the save wrote back
+    # last NULL / next 10:00. Here the racing tick skips the row the save holds locked, and the
+    # next tick emits 10:00 once.
+    assert emitted == [(schedule.pk, z(2026, 2, 1, 10))]
+    assert (row.priority, row.last_occurrence_at, row.next_occurrence_at) == (
+        5, z(2026, 2, 1, 10), z(2026, 2, 1, 11))
+    assert (form.last_occurrence_at, form.next_occurrence_at) == (None, z(2026, 2, 1, 10))  # as locked

@@ -383,3 +383,22 @@ def test_run_once_records_the_tick_and_waits_until_the_next_occurrence():
     assert schedule.pk  # created before the tick
     service.on_stop()
     assert not WorkerProcess.objects.filter(pk="test:run-once").exists()
+
+
+def test_cron_edit_never_recomputes_an_occurrence_already_emitted():
+    """The scheduler ran ahead of the database clock (``tick(now=...)``, or a scheduler host whose
+    clock is ahead) and emitted the next full hour H. A cron edit to every 30 minutes recomputes
+    the next occurrence after the later of now and H: H + 30 min, never H itself (already emitted;
+    emitted again once its finished job is pruned) or H - 30 min (behind it)."""
+    service = scheduler()
+    schedule = make_schedule(cron="0 * * * *")
+    hour = schedule.next_occurrence_at
+    assert service.tick(now=hour + timedelta(seconds=1)).emitted == [(schedule.pk, hour)]
+    schedule.refresh_from_db()
+    schedule.cron = "*/30 * * * *"
+    schedule.save()
+    schedule.refresh_from_db()
+    assert schedule.last_occurrence_at == hour
+    assert schedule.next_occurrence_at == hour + timedelta(minutes=30)  # main: hour - 30 min or hour
+    Job.objects.filter(schedule=schedule).delete()  # pruned
+    assert service.tick(now=hour + timedelta(seconds=2)).emitted == []

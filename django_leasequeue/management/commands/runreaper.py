@@ -1,4 +1,5 @@
-"""``manage.py runreaper``: take back expired leases and prune old jobs until SIGTERM."""
+"""``manage.py runreaper``: take back expired leases, prune old jobs and dead-letter the jobs of tasks
+no live worker knows (``UNKNOWN_TASK_GRACE``) until SIGTERM."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class Command(BaseCommand):
         if options["once"]:
             reaped = reaper.reap_once()
             pruned = reaper.prune_once(get_settings())
-            self.stdout.write(f"reaped {len(reaped)} expired lease(s), pruned {pruned} finished job(s)")
+            unknown = reaper.dead_letter_unknown_tasks(get_settings())
+            self.stdout.write(f"reaped {len(reaped)} expired lease(s), pruned {pruned} finished job(s), "
+                              f"dead-lettered {len(unknown)} job(s) of tasks no live worker knows")
             return
         code = run_services([reaper.ReaperService(interval=options["interval"])])
         if code:

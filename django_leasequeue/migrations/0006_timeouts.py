@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("django_leasequeue", "0004_check_constraints"),
+        ("django_leasequeue", "0005_process_tasks"),
     ]
 
     operations = [

@@ -1065,7 +1065,8 @@ class DashboardAdmin(_DashboardAdminBase):
                 "leased_url": f"{job_list}?{urlencode({'status': 'leased', 'queue': q.queue})}",
                 "dead_url": f"{dead_list}?{urlencode({'queue': q.queue})}",
             })
-        workers = [{"info": w, "age": duration(w.heartbeat_age_seconds)} for w in snap.workers]
+        workers = [{"info": w, "age": duration(w.heartbeat_age_seconds), "stuck": duration(w.stuck_seconds)}
+                   for w in snap.workers]
         total = snap.total()
         refresh = request.GET.get("refresh", "")
         context = {

@@ -158,12 +158,26 @@ DEFAULTS: dict[str, Any] = {
     # due this long and every such worker has been registered this long. None: never (the job
     # waits for a worker that knows its task).
     "UNKNOWN_TASK_GRACE": 300.0,
+    # ---- timeouts ----
+    # How handlers run: "thread" (in the worker's threads; a handler past its task's timeout cannot
+    # be stopped, so it keeps its slot and its job's lease until it returns) or "process" (each
+    # handler in a child process, killed at its task's timeout: a hard time limit).
+    "EXECUTION": "thread",
+    # Thread mode: a worker exits (status 3) once this many of its handlers are stuck past their
+    # timeout; None: all of its threads (--concurrency).
+    "STUCK_HANDLERS_MAX": None,
+    # Thread mode: a worker exits (status 3) once one handler is stuck this many seconds past its
+    # timeout; None: never for that reason.
+    "STUCK_EXIT_AFTER": 300.0,
+    # Attempts refunded because a graceful stop interrupted the handler; the next interruption
+    # dead-letters the job with an "Interrupted" error.
+    "MAX_INTERRUPTIONS": 5,
 }
 
 _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
-    "PREFETCH_WAIT", "UNKNOWN_TASK_GRACE",
+    "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE",
 }
 
 # Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
@@ -283,6 +297,11 @@ class Settings:
     prefetch_max: int = 64
     async_completions: bool = False
     unknown_task_grace: float | None = 300.0
+    # ---- timeouts ----
+    execution: str = "thread"
+    stuck_handlers_max: int | None = None
+    stuck_exit_after: float | None = 300.0
+    max_interruptions: int = 5
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -396,7 +415,40 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prefetch_max=prefetch_max,
         async_completions=bool(merged["ASYNC_COMPLETIONS"]),
         unknown_task_grace=grace,
+        **_build_timeouts(merged),
     )
+
+
+#: The handler execution modes (``EXECUTION``, ``runworker --execution``).
+EXECUTION_MODES = ("thread", "process")
+
+
+def _build_timeouts(merged: dict[str, Any]) -> dict[str, Any]:
+    """Validate the timeout keys of a merged ``LEASEQUEUE`` dict (durations already seconds).
+
+    Raises:
+        ConfigurationError: ``EXECUTION`` not one of :data:`EXECUTION_MODES`, ``STUCK_HANDLERS_MAX``
+            not None or an int >= 1, ``STUCK_EXIT_AFTER`` not None or > 0 seconds,
+            ``MAX_INTERRUPTIONS`` not an int >= 0.
+    """
+    execution = merged["EXECUTION"]
+    if execution not in EXECUTION_MODES:
+        raise ConfigurationError(f"LEASEQUEUE['EXECUTION'] must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
+                                 f"got {execution!r}")
+    stuck_max = merged["STUCK_HANDLERS_MAX"]
+    if stuck_max is not None and (isinstance(stuck_max, bool) or not isinstance(stuck_max, int) or stuck_max < 1):
+        raise ConfigurationError("LEASEQUEUE['STUCK_HANDLERS_MAX'] must be None (all of the worker's threads) "
+                                 f"or an int >= 1, got {stuck_max!r}")
+    stuck_after = merged["STUCK_EXIT_AFTER"]
+    if stuck_after is not None and not (stuck_after > 0 and stuck_after != float("inf")):
+        raise ConfigurationError("LEASEQUEUE['STUCK_EXIT_AFTER'] must be None (never) or a finite number of "
+                                 f"seconds > 0, got {stuck_after!r}")
+    interruptions = merged["MAX_INTERRUPTIONS"]
+    if isinstance(interruptions, bool) or not isinstance(interruptions, int) or not 0 <= interruptions <= 1_000_000:
+        raise ConfigurationError("LEASEQUEUE['MAX_INTERRUPTIONS'] must be an int from 0 to 1000000, "
+                                 f"got {interruptions!r}")
+    return {"execution": execution, "stuck_handlers_max": stuck_max, "stuck_exit_after": stuck_after,
+            "max_interruptions": interruptions}
 
 
 def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -10,10 +11,14 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from .exceptions import JobCancelled, LeaseLost
+from .exceptions import JobCancelled, JobTimedOut, LeaseLost
 
 if TYPE_CHECKING:
     from .store import ClaimedJob
+
+# Decides, between the heartbeat (which times a handler out) and the handler's thread (which
+# reports that it returned), which came first; held for a few instructions, once per job.
+_TIMEOUT_LOCK = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -30,8 +35,10 @@ class JobContext:
         worker_id (str): ``host:pid:name`` of this worker.
         leased_until (datetime): aware, database time, updated by each renewal.
         lease_seconds (float): lease length.
-        timed_out (bool): True once the worker stopped renewing the lease because the task's
-            ``timeout`` passed (the lease will expire and the job be retried elsewhere).
+        timed_out (bool): True once the handler ran past its task's ``timeout``. The worker keeps
+            the lease until the handler returns, then records the attempt as failed
+            (:class:`~django_leasequeue.exceptions.JobTimedOut`) whatever the handler returned;
+            ``fenced_atomic()`` refuses to commit from then on.
         claim (store.ClaimedJob | None): the claim this attempt runs under (set by the worker).
     """
 
@@ -52,6 +59,23 @@ class JobContext:
     completed_in_transaction: bool = False
     timed_out: bool = False
     claim: ClaimedJob | None = field(default=None, repr=False)
+    _returned: bool = field(default=False, repr=False)
+
+    def time_out(self) -> bool:
+        """Mark the attempt timed out unless its handler already returned (called by the worker
+        at the task's timeout). Returns True when this call timed it out."""
+        with _TIMEOUT_LOCK:
+            if self._returned or self.timed_out:
+                return False
+            self.timed_out = True
+            return True
+
+    def handler_returned(self) -> bool:
+        """Record that the handler returned (or raised); from now on it cannot time out.
+        Returns True when it had timed out before (its outcome is then the timeout failure)."""
+        with _TIMEOUT_LOCK:
+            self._returned = True
+            return self.timed_out
 
     @property
     def lease_lost(self) -> bool:
@@ -120,6 +144,8 @@ class JobContext:
         Raises:
             LeaseLost: the token is stale; nothing inside the block was committed.
             JobCancelled: an operator asked to cancel the job; nothing inside the block was committed.
+            JobTimedOut: the handler ran past its task's timeout (before the block or while it
+                ran); nothing inside the block was committed.
             RuntimeError: used inside another ``atomic()`` block, or a second time in one attempt.
         """
         from . import store
@@ -136,7 +162,11 @@ class JobContext:
                 if state == "cancel_requested":
                     self.mark_cancel_requested()
                     raise JobCancelled(f"job {self.job_id} was cancelled; its work was not committed")
+                self._refuse_if_timed_out()
                 yield
+                # Checked again after the block: the timeout may have passed while it ran, and the
+                # attempt is then already recorded as timed out (its retry waits for this thread).
+                self._refuse_if_timed_out()
                 done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
                 if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does
                     raise LeaseLost(f"job {self.job_id}: completion refused inside fenced_atomic")
@@ -146,3 +176,8 @@ class JobContext:
         except BaseException:
             self.completed_in_transaction = False  # nothing was committed
             raise
+
+    def _refuse_if_timed_out(self) -> None:
+        if self.timed_out:
+            raise JobTimedOut(f"job {self.job_id}: attempt {self.attempt} ran past its task's timeout; "
+                              "fenced_atomic() refused to commit")

@@ -88,6 +88,22 @@ class SnoozeLimitExceeded(LeaseQueueError):
     :class:`LeaseExpired`, it names an entry of ``Job.errors`` rather than being raised."""
 
 
+class JobTimedOut(LeaseQueueError):
+    """The handler ran past its task's ``timeout``: the attempt is recorded as a failed attempt of
+    this type (retried after backoff, or dead-lettered on the last attempt).
+
+    In thread mode the handler cannot be stopped: the worker keeps the job leased until it returns,
+    then records this failure and discards what it returned. ``fenced_atomic()`` raises it inside a
+    timed-out handler (nothing is committed). In process mode the child running the handler is
+    killed at the timeout."""
+
+
+class Interrupted(LeaseQueueError):
+    """The job's handler was cut short by graceful stops more than ``LEASEQUEUE["MAX_INTERRUPTIONS"]``
+    times and the job was dead-lettered. Like :class:`LeaseExpired`, it names an entry of
+    ``Job.errors`` rather than being raised."""
+
+
 class CorruptRow(LeaseQueueError):
     """A claimed job row could not be decoded (a number Python cannot read back, arguments that are
     not a list and an object, a time outside Python's range: a row written by hand or by an older

@@ -12,7 +12,11 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
   any other outcome ends ``cancelled`` too (the store refuses to mark such a job done or retry it);
 * ``LeaseLost`` or a refused write -> nothing is written; the outcome is discarded;
 * unknown task name -> ``dead`` at once with the reason; nothing is imported. Workers claim only
-  the tasks they registered, so this is reached from claims of every task (the testing helpers).
+  the tasks they registered, so this is reached from claims of every task (the testing helpers);
+* handler past its task's ``timeout`` -> a failed attempt of type ``JobTimedOut`` whatever it
+  returned or raised (its return value is discarded, logged). In thread mode the handler cannot be
+  stopped, so this is written when it finally returns (the worker kept the lease until then); in
+  process mode (``EXECUTION = "process"``) the child running it is killed at the timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import multiprocessing
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,10 +33,10 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from . import registry, signals, store
+from . import child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
-from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze, UnknownTask
+from .exceptions import JobCancelled, JobTimedOut, LeaseLost, PayloadNotSerializable, Snooze, UnknownTask
 from .retry import Backoff, as_backoff, clamp_delay
 from .runtime import close_broken_connections
 
@@ -40,6 +46,23 @@ T = TypeVar("T")
 
 MAX_MESSAGE = 4000
 MAX_TRACEBACK = 20000
+# Process mode: seconds a child may take to set Django up and import the task modules (not the
+# handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
+CHILD_START_TIMEOUT = 120.0
+CHILD_TERM_GRACE = 2.0
+
+
+class ChildError(Exception):
+    """A handler that ran in a child process (``EXECUTION = "process"``) raised: carries the error
+    entry the child built (its real type, message and traceback)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message", ""))
+        self.error = error
+
+
+class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
+    """The worker's graceful stop killed the child (after the grace period): the job is released."""
 
 
 def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str, Any]:
@@ -142,9 +165,17 @@ class Executor:
         self.complete = complete
         self.default_backoff = Backoff(base=settings.backoff_base, max=settings.backoff_max,
                                        jitter=settings.backoff_jitter)
+        self._children: dict[int, Any] = {}  # job id -> multiprocessing.Process (process mode)
+        self._children_lock = threading.Lock()
+        self._stopping = False
 
-    def run(self, job: store.ClaimedJob, ctx: JobContext) -> str:
-        """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs)."""
+    def run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool = False) -> str:
+        """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs).
+
+        Args:
+            job: the claimed job; ctx: its context.
+            child: run the handler in a child process killed at the task's timeout (process mode).
+        """
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
         if signals.enabled("claimed"):
@@ -154,9 +185,11 @@ class Executor:
         except UnknownTask as exc:
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
         try:
-            result = self._call(spec, job, ctx)
+            result = self._call_timed(spec, job, ctx, child)
             if isinstance(result, Snooze):
                 raise result
+        except _KilledAtStop:
+            return "released"  # the worker's stop releases the job (an interrupted attempt)
         except Snooze as snooze:
             return self._snooze(job, ctx, snooze.seconds, fields)
         except JobCancelled:
@@ -191,6 +224,122 @@ class Executor:
         self.complete(ctx, result_json)
         return "done"
 
+    def _call_timed(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, child: bool) -> Any:
+        """Call the handler; once it returns or raises, a handler that ran past its timeout (the
+        worker marked ``ctx`` timed out meanwhile) ends as :class:`JobTimedOut`, whatever it
+        returned or raised (a lost lease excepted: nothing may be written then)."""
+        started = time.monotonic()
+        try:
+            result = self._call_in_child(spec, job, ctx) if child else self._call(spec, job, ctx)
+        except (LeaseLost, _KilledAtStop):
+            ctx.handler_returned()
+            raise
+        except BaseException as exc:
+            if ctx.handler_returned() and not ctx.completed_in_transaction and not isinstance(exc, JobTimedOut):
+                raise self._timed_out(spec, job, started, f"raised {type(exc).__name__}") from exc
+            raise
+        if ctx.handler_returned() and not ctx.completed_in_transaction:
+            logger.warning("job %s: discarding the return value of a handler that ran past its timeout", job.id)
+            raise self._timed_out(spec, job, started, "returned; its return value was discarded")
+        return result
+
+    @staticmethod
+    def _timed_out(spec: Any, job: store.ClaimedJob, started: float, what: str) -> JobTimedOut:
+        took = time.monotonic() - started
+        return JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; the handler "
+                           f"could not be stopped (thread mode) and {what} after {took:.1f} s")
+
+    def _call_in_child(self, spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
+        """Run the handler in a new child process ("spawn": a fresh interpreter that sets Django up
+        and runs the task registered under ``job.task``; nothing is imported from the row) and
+        return what it returned, or raise what it raised. Past the task's timeout the child gets
+        SIGTERM, then SIGKILL after :data:`CHILD_TERM_GRACE` seconds, and :class:`JobTimedOut` is
+        raised: a hard time limit, even for a handler that holds the GIL."""
+        mp = multiprocessing.get_context("spawn")
+        receiver, sender = mp.Pipe(duplex=False)
+        payload = {"task": job.task, "args": list(job.args or []), "kwargs": dict(job.kwargs or {}),
+                   "ctx": {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
+                           "max_attempts": ctx.max_attempts, "lease_version": ctx.lease_version,
+                           "worker_id": ctx.worker_id, "leased_until": ctx.leased_until,
+                           "lease_seconds": ctx.lease_seconds, "alias": ctx.alias}}
+        proc = mp.Process(target=child.main, args=(sender, payload), name=f"leasequeue-job-{job.id}", daemon=True)
+        with self._children_lock:
+            if self._stopping:
+                raise _KilledAtStop()
+            proc.start()
+            self._children[job.id] = proc
+        sender.close()
+        try:
+            if not receiver.poll(CHILD_START_TIMEOUT):
+                raise RuntimeError(f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
+            receiver.recv()  # "started": the timeout counts from here
+            started = time.monotonic()
+            if not receiver.poll(spec.timeout):  # None: wait as long as it runs
+                ctx.time_out()
+                self._kill(proc)
+                raise JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; "
+                                  f"its child process was killed after {time.monotonic() - started:.1f} s")
+            try:
+                kind, value, completed = receiver.recv()
+            except EOFError:
+                proc.join(CHILD_TERM_GRACE)
+                if self._stopping:
+                    raise _KilledAtStop() from None
+                raise RuntimeError(f"the child process running the handler died (exit code {proc.exitcode})") \
+                    from None
+        finally:
+            receiver.close()
+            with self._children_lock:
+                self._children.pop(job.id, None)
+            if proc.is_alive():
+                self._kill(proc)
+            else:
+                proc.join()
+        if completed:
+            ctx.completed_in_transaction = True  # fenced_atomic() committed the job in the child
+        if kind == "returned":
+            return value
+        if kind == "snooze":
+            raise Snooze(value)
+        if kind == "cancelled":
+            ctx.mark_cancel_requested()
+            raise JobCancelled(value)
+        if kind == "lease_lost":
+            ctx.mark_lease_lost()
+            raise LeaseLost(value)
+        if kind == "not_serializable":
+            raise PayloadNotSerializable(value)
+        raise ChildError(value)
+
+    @staticmethod
+    def _kill(proc: Any) -> None:
+        proc.terminate()
+        proc.join(CHILD_TERM_GRACE)
+        if proc.is_alive():  # SIGTERM ignored, or a handler holding the GIL never ran the handler
+            proc.kill()
+            proc.join()
+
+    def kill_children(self) -> int:
+        """Kill every running child process (process mode; the worker's graceful stop calls this
+        after its grace period, before releasing their jobs) and start no more. Returns how many."""
+        with self._children_lock:
+            self._stopping = True
+            procs = list(self._children.values())
+        for proc in procs:
+            self._kill(proc)
+        return len(procs)
+
+    def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str) -> str:
+        """Record the attempt of a handler stuck past its timeout as a :class:`JobTimedOut` failure
+        now, without waiting for it (the worker is exiting). Returns the outcome (see :meth:`run`)."""
+        fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
+                  "token": job.lease_version}
+        try:
+            delay = self._retry_delay(registry.get_task(job.task), job)
+        except UnknownTask:
+            delay = clamp_delay(self.default_backoff.delay(job.attempts))
+        return self._fail(job, ctx, JobTimedOut(message), retry_delay=delay, fields=fields)
+
     def _retry_delay(self, spec: Any, job: store.ClaimedJob) -> float:
         """The seconds before the retry of ``job``'s failed attempt, from the task's backoff option.
 
@@ -217,7 +366,10 @@ class Executor:
 
     def _fail(self, job: store.ClaimedJob, ctx: JobContext, exc: BaseException, *, retry_delay: float | None,
               fields: dict[str, Any]) -> str:
-        error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
+        if isinstance(exc, ChildError):  # raised in a child process: keep the child's own description
+            error = {**exc.error, "attempt": job.attempts, "worker": self.worker_id}
+        else:
+            error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
         try:
             outcome = with_reconnect(lambda: store.job_fail(job.id, job.lease_version, error,
                                                             retry_delay=retry_delay, alias=self.alias))
@@ -254,3 +406,4 @@ class Executor:
             return "lease_lost"
         signals.emit("cancelled", **fields)
         return "cancelled"
+

@@ -123,10 +123,21 @@ ORDER BY n.queue
 
 # The process registry is small (stale rows are pruned); "alive" is judged in Python against the
 # clock reading of QUEUE_STATS so both statements agree on "now".
+# Stuck handlers come from the job rows, not from the worker's memory (monitoring runs in another
+# process): a leased job whose history has a ``timed_out`` entry for its current fencing token is
+# a handler past its task's timeout that is still running (thread mode cannot stop it). Only the
+# few leased rows are read (leasequeue_job_leased).
 PROCESSES = f"""
-SELECT id, kind, host, pid, queues, concurrency, started_at, last_heartbeat_at, last_tick_at
-FROM {PROCESS_TABLE}
-ORDER BY kind, id
+SELECT p.id, p.kind, p.host, p.pid, p.queues, p.concurrency, p.started_at, p.last_heartbeat_at, p.last_tick_at,
+       coalesce(s.stuck, 0), s.since
+FROM {PROCESS_TABLE} p
+LEFT JOIN LATERAL (
+    SELECT count(*) AS stuck, min((e->>'at')::timestamptz) AS since
+    FROM {JOB_TABLE} j, jsonb_array_elements(j.history) e
+    WHERE j.status = 'leased' AND j.leased_by = p.id
+      AND e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text
+) s ON true
+ORDER BY p.kind, p.id
 """
 
 # Number of statements snapshot() runs that read tables (reported by the bench).
@@ -200,6 +211,9 @@ class WorkerInfo:
         concurrency: handler threads (workers).
         last_tick_at: the last scheduler tick recorded on this row, or None.
         heartbeat_age_seconds: ``now - last_heartbeat_at``.
+        stuck_handlers: its handlers past their task's timeout and still running (thread mode:
+            they hold a thread and their job's lease until they return).
+        stuck_seconds: seconds since the oldest of them passed its timeout (0.0: none stuck).
     """
 
     id: str
@@ -213,6 +227,8 @@ class WorkerInfo:
     concurrency: int = 0
     last_tick_at: datetime | None = None
     heartbeat_age_seconds: float = 0.0
+    stuck_handlers: int = 0
+    stuck_seconds: float = 0.0
 
     def serves(self, queue: str) -> bool:
         """True when this process claims jobs from ``queue``."""
@@ -297,6 +313,11 @@ class Snapshot:
             workers_serving=self.workers_alive,
         )
 
+    @property
+    def stuck_handlers(self) -> int:
+        """Handlers past their task's timeout and still running, over every registered worker."""
+        return sum(w.stuck_handlers for w in self.workers)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the whole snapshot."""
         return {
@@ -307,6 +328,7 @@ class Snapshot:
             "queues": [q.to_dict() for q in self.queues],
             "workers": [w.to_dict() for w in self.workers],
             "workers_alive": self.workers_alive,
+            "stuck_handlers": self.stuck_handlers,
             "alive_by_kind": self.alive_by_kind,
             "scheduler_last_tick_age_seconds": self.scheduler_last_tick_age_seconds,
             "query_seconds": self.query_seconds,
@@ -389,14 +411,15 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
     elapsed = time.perf_counter() - started
     db_now = rows[0][0]
     workers = []
-    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick in process_rows:
+    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
         age = (db_now - beat).total_seconds()
         if isinstance(wq, (str, bytes)):  # Django's psycopg backend hands jsonb over undecoded
             wq = json.loads(wq)
         workers.append(WorkerInfo(
             id=pid_, kind=kind, host=host, pid=pid, queues=[str(q) for q in wq or []], started_at=started_at,
             last_heartbeat_at=beat, alive=age <= alive_within, concurrency=concurrency,
-            last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0),
+            last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0), stuck_handlers=stuck,
+            stuck_seconds=max((db_now - stuck_since).total_seconds(), 0.0) if stuck_since is not None else 0.0,
         ))
     ticks = [w.last_tick_at for w in workers if w.last_tick_at is not None]
     tick_age = max((db_now - max(ticks)).total_seconds(), 0.0) if ticks else None

@@ -20,6 +20,8 @@ time, so take them as they are rather than through ``rate()``):
 ``leasequeue_processes_alive{kind}``                    alive registered processes per kind
 ``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick;
                                                         absent when no tick is recorded
+``leasequeue_stuck_handlers``                           handlers past their task's timeout, still
+                                                        running (thread mode; from the job rows)
 ``leasequeue_health_query_seconds``                     time the snapshot's statements took
 ======================================================  ==========================================
 """
@@ -101,6 +103,10 @@ class HealthCollector:
             yield GaugeMetricFamily("leasequeue_scheduler_last_tick_age_seconds",
                                     "Seconds since the last scheduler tick (absent: no tick recorded)",
                                     value=snap.scheduler_last_tick_age_seconds)
+        yield GaugeMetricFamily("leasequeue_stuck_handlers",
+                                "Handlers past their task's timeout and still running (thread mode cannot stop "
+                                "them: each holds a worker thread and its job's lease until it returns)",
+                                value=snap.stuck_handlers)
         yield GaugeMetricFamily("leasequeue_health_query_seconds", "Seconds the health snapshot's statements took",
                                 value=snap.query_seconds)
 

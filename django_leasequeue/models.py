@@ -90,6 +90,10 @@ class Job(models.Model):
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     snoozes = models.PositiveIntegerField(default=0)
+    # Graceful stops that cut this job's handler short and refunded its attempt (bounded by
+    # MAX_INTERRUPTIONS). A database default: the enqueue statements do not list the column.
+    interruptions = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="attempts refunded because a graceful stop interrupted the handler")
     schedule = models.ForeignKey(
         "Schedule", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs", db_index=False
     )

@@ -270,6 +270,7 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
         "leased_by": "", "lease_version": 0, "unique_key": job.unique_key, "unique_scope": job.unique_scope,
         "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
         "cancel_requested": False, "snoozes": 0, "schedule_id": job.schedule_id, "occurrence_at": job.occurrence_at,
+        "interruptions": 0,
         "errors": [], "history": [], "result": None, "created_at": row[2], "started_at": None,
         "attempted_at": None, "finished_at": None,
     }
@@ -1147,36 +1148,106 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
 # releasing worker is refused. A job whose cancel was requested ends cancelled instead of running
 # again. Since the claim does not count, a job released from its first claim has no start time
 # again (started_at is the first counted claim; attempted_at keeps the latest claim).
+# An *interrupted* job (its handler had started: a graceful stop cut it short) counts one more
+# interruption; the refund is bounded: a job already interrupted MAX_INTERRUPTIONS times is
+# dead-lettered with an ``Interrupted`` error instead (its attempt counts), so a handler that hangs
+# without a timeout stops re-running on every deploy. Prefetched jobs never ran: not interrupted.
 JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
-SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
-    finished_at = CASE WHEN j.cancel_requested THEN clock.now ELSE NULL END,
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                  WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN 'dead' ELSE 'ready' END,
+    finished_at = CASE WHEN j.cancel_requested OR (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                       THEN clock.now ELSE NULL END,
     run_at = clock.now, leased_until = NULL,
-    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END,
-    attempts = greatest(j.attempts - 1, 0), lease_version = j.lease_version + 1,
+    started_at = CASE WHEN j.attempts <= 1 AND NOT (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                      THEN NULL ELSE j.started_at END,
+    attempts = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN j.attempts
+                    ELSE greatest(j.attempts - 1, 0) END,
+    interruptions = CASE WHEN %(interrupted)s THEN j.interruptions + 1 ELSE j.interruptions END,
+    lease_version = j.lease_version + 1,
+    errors = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s AND NOT j.cancel_requested
+             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                 'attempt', j.attempts, 'type', 'Interrupted',
+                 'message', 'interrupted ' || (j.interruptions + 1) || ' times (' || %(reason)s::text
+                            || '); MAX_INTERRUPTIONS is ' || %(max_interruptions)s
+                            || ': the handler never finished within a graceful stop',
+                 'traceback', '', 'worker', j.leased_by, 'at', clock.now))
+             ELSE j.errors END,
     history = j.history || jsonb_build_array(jsonb_build_object(
-        'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now))
+        'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now,
+        'interrupted', %(interrupted)s::boolean))
 FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS d(id, version)
 WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
+RETURNING j.id, j.status
+"""
+
+
+def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shutdown", interrupted: bool = False,
+                max_interruptions: int = 5, now: datetime | None = None, alias: str | None = None) -> Released:
+    """Return held jobs to ``ready`` at once, given ``(job id, lease_version)``; not a failed attempt.
+
+    Args:
+        leases: ``(job id, lease_version)`` pairs; a pair whose token moved on is skipped.
+        reason: recorded in the ``released`` history entry (and the ``Interrupted`` error).
+        interrupted: True when the handlers had started (a graceful stop cut them short); False for
+            prefetched jobs that never ran, which are released freely.
+        max_interruptions: refunds of interrupted attempts a job may get (``MAX_INTERRUPTIONS``);
+            an interrupted job already refunded this often is dead-lettered with an ``Interrupted``
+            error instead (its attempt counts).
+
+    Returns:
+        The ids released (back to ready, or, with ``interrupted``, dead-lettered or cancelled):
+        a :class:`Released` set whose ``dead`` attribute holds the dead-lettered ones.
+    """
+    leases = list(leases)
+    if not leases:
+        return Released()
+    params = {"now": now, "reason": reason, "ids": [x[0] for x in leases], "versions": [x[1] for x in leases],
+              "interrupted": bool(interrupted), "max_interruptions": int(max_interruptions)}
+    with _cursor(alias) as cur:
+        cur.execute(JOB_RELEASE, params)
+        rows = cur.fetchall()
+    return Released((r[0] for r in rows), dead=(r[0] for r in rows if r[1] == "dead"))
+
+
+class Released(set[int]):
+    """The ids :func:`job_release` gave back; ``dead`` holds those dead-lettered as ``Interrupted``."""
+
+    def __init__(self, ids: Iterable[int] = (), dead: Iterable[int] = ()) -> None:
+        super().__init__(ids)
+        self.dead: set[int] = set(dead)
+
+
+# A handler ran past its task's timeout in thread mode: it cannot be stopped, so the worker keeps
+# the lease (and renews it) until the thread returns, and this entry marks the attempt as timed
+# out meanwhile (fenced on the token, so it names exactly this attempt). Monitoring counts leased
+# jobs whose history has such an entry for their current token as "stuck handlers".
+JOB_NOTE_TIMED_OUT = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET history = j.history || jsonb_build_array(jsonb_build_object(
+    'event', 'timed_out', 'token', j.lease_version, 'attempt', j.attempts, 'worker', %(worker)s::text,
+    'timeout', %(timeout)s::float8, 'at', clock.now))
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
 RETURNING j.id
 """
 
 
-def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shutdown",
-                now: datetime | None = None, alias: str | None = None) -> set[int]:
-    """Return held jobs to ``ready`` at once, given ``(job id, lease_version)``; not a failed attempt.
+def job_note_timed_out(job_id: int, version: int, *, worker: str, timeout: float, now: datetime | None = None,
+                       alias: str | None = None) -> bool:
+    """Record that this attempt's handler ran past its task's ``timeout`` (seconds) and is still
+    running (a ``timed_out`` history entry, fenced on ``version``). Status and lease are unchanged:
+    the worker keeps the job leased until the handler returns.
 
     Returns:
-        The ids released.
+        True when written; False when the token moved on (the lease was lost) or the job left ``leased``.
     """
-    leases = list(leases)
-    if not leases:
-        return set()
-    params = {"now": now, "reason": reason, "ids": [x[0] for x in leases], "versions": [x[1] for x in leases]}
     with _cursor(alias) as cur:
-        cur.execute(JOB_RELEASE, params)
-        return {r[0] for r in cur.fetchall()}
+        cur.execute(JOB_NOTE_TIMED_OUT, {"now": now, "id": job_id, "version": version, "worker": worker,
+                                         "timeout": float(timeout)})
+        return cur.fetchone() is not None
 
 
 # Return expired leases (leased_until passed, by database time) to ready, or to dead when the
@@ -2170,7 +2241,7 @@ replayed AS (
     UPDATE {JOB_TABLE} j
     SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = j.lease_version + 1,
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
-        result = NULL,
+        interruptions = 0, result = NULL,
         args = coalesce(%(args)s::jsonb, j.args),
         kwargs = coalesce(%(kwargs)s::jsonb, j.kwargs),
         history = j.history

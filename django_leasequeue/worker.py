@@ -14,9 +14,15 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
   reaper's sweep every ``REAPER_INTERVAL`` so one process suffices.
   When a queue's rate limit is used up it sleeps until the window frees (no retry loop).
 * :class:`HeartbeatService` renews the leases of running jobs in one statement every lease/3
-  (or ``HEARTBEAT_INTERVAL`` if shorter),
-  stops renewing a job past its task's ``timeout`` (so a hung handler loses its lease and the job
-  is retried elsewhere), and passes cancel requests and lost leases on to the handlers.
+  (or ``HEARTBEAT_INTERVAL`` if shorter), and passes cancel requests and lost leases on to the
+  handlers. A handler past its task's ``timeout`` cannot be stopped in thread mode: the attempt is
+  marked timed out (a ``timed_out`` history entry), but the job stays leased and renewed and the
+  handler keeps its thread's slot until it returns, so neither the job's retry nor another job
+  under the same concurrency key starts beside it; when it returns the attempt fails as
+  ``JobTimedOut``. Once ``STUCK_HANDLERS_MAX`` handlers are stuck (default: all threads), or one
+  is stuck ``STUCK_EXIT_AFTER`` seconds past its timeout, the worker stops gracefully and exits
+  with status :data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs
+  each handler in a child process killed at its timeout instead.
 * :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
   per few milliseconds instead of one transaction per job.
 * :class:`~django_leasequeue.notify.Listener` wakes the worker on ``LISTEN`` notifications.
@@ -48,7 +54,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
-from .conf import Settings, check_lease_seconds, get_settings, queue_name_problem
+from .conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
 from .context import JobContext
 from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
@@ -63,6 +69,8 @@ THROTTLE_MARGIN = 0.005
 PREFETCH_RELEASE_AFTER = 1.0
 # Weight of the newest job in the moving average of job durations that sizes the prefetch.
 RUNTIME_EWMA_WEIGHT = 0.05
+#: Exit status of a worker that stopped because of handlers stuck past their timeout (thread mode).
+EXIT_STUCK = 3
 
 
 # Whether the current thread ever opened a database connection. Job threads check (and close) broken
@@ -98,7 +106,7 @@ class InFlight:
     # Monotonic time until which the lease is surely ours: the claim's (or the last renewal's)
     # time plus the lease. A held job is not started past it, less a margin (see _run_job).
     lease_valid_until: float = 0.0
-    deadline: float | None = None  # monotonic time past which heartbeats stop (set when started)
+    deadline: float | None = None  # monotonic time of the task's timeout (set when started, thread mode)
     started: bool = False  # a thread took it (False: prefetched, waiting for a thread)
     timed_out: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -263,19 +271,17 @@ class HeartbeatService(Service):
         due: list[InFlight] = []
         next_wake = now + 1.0
         for item in self.worker.inflight_snapshot():
-            if (item.manual_heartbeat and item.started) or item.timed_out or item.ctx.completed_in_transaction \
-                    or item.ctx.lease_lost:
+            if item.deadline is not None and now >= item.deadline and not item.timed_out:
+                # Past the task's timeout. A thread cannot be stopped, so the attempt is only
+                # marked timed out: the job stays leased (and renewed below, even for a manual
+                # heartbeat) until the handler returns, so that its retry, or another job under
+                # its concurrency key, cannot start while it still runs.
+                self.worker.abandon(item)
+            if (item.manual_heartbeat and item.started and not item.timed_out) \
+                    or item.ctx.completed_in_transaction or item.ctx.lease_lost:
                 # Nothing to renew: the handler renews (a manual heartbeat; until a thread starts
                 # it, a prefetched job is renewed here like any other), done by fenced_atomic(),
                 # or already lost.
-                continue
-            if item.deadline is not None and now >= item.deadline:
-                # Heartbeat bounded by progress: past the task's timeout we stop renewing, so the
-                # lease expires and the job is retried elsewhere. The slot is given back now.
-                item.timed_out = True
-                item.ctx.timed_out = True
-                logger.warning("job %s exceeded its timeout; heartbeats stopped", item.job.id)
-                self.worker.abandon(item)
                 continue
             if now >= item.next_renewal:
                 due.append(item)
@@ -307,6 +313,7 @@ class HeartbeatService(Service):
                 item.lease_valid_until = now + item.lease  # ``now`` was taken before the renewal was sent
                 item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
+        self.worker.check_stuck(now)
         if now >= self._next_process_beat:
             self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
             if not store.process_heartbeat(self.worker.worker_id, alias=self.worker.alias):
@@ -329,10 +336,12 @@ class WorkerService(Service):
         prefetch_wait: seconds of expected queueing a prefetched job may face (None: the
             ``PREFETCH_WAIT`` setting; 0 disables prefetching).
         prefetch_max: most jobs held beyond the threads (None: the ``PREFETCH_MAX`` setting).
+        execution: ``"thread"`` or ``"process"`` (None: the ``EXECUTION`` setting).
 
     Raises:
-        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], or a queue name
-            outside the grammar of :func:`~django_leasequeue.conf.queue_name_problem`.
+        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], a queue name
+            outside the grammar of :func:`~django_leasequeue.conf.queue_name_problem`, or an unknown
+            ``execution``.
     """
 
     name = "worker"
@@ -340,7 +349,8 @@ class WorkerService(Service):
     def __init__(self, *, queues: Sequence[str] | None = None, concurrency: int = 4, lease: float | None = None,
                  poll_interval: float | None = None, burst: bool = False, worker_name: str | None = None,
                  notify: bool | None = None, reap: bool = True, settings: Settings | None = None,
-                 prefetch_wait: float | None = None, prefetch_max: int | None = None) -> None:
+                 prefetch_wait: float | None = None, prefetch_max: int | None = None,
+                 execution: str | None = None) -> None:
         super().__init__()
         self.settings = settings or get_settings()
         if concurrency < 1:
@@ -374,7 +384,6 @@ class WorkerService(Service):
         self._inflight: dict[int, InFlight] = {}
         self._tasks: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._spare_threads = 0  # threads to retire when an abandoned (timed-out) handler returns
         self._saturated = False
         # A finishing job wakes the claim loop (when saturated) once this few jobs are held.
         self._refill_at = concurrency - 1
@@ -393,6 +402,14 @@ class WorkerService(Service):
         self._throttled_until = 0.0
         self._short_claim = False  # the last claim got fewer jobs than free slots
         self.prefetch_released = 0
+        # "thread" or "process" (EXECUTION): in process mode each handler runs in a child process.
+        self.execution = execution or self.settings.execution
+        if self.execution not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {self.execution!r}")
+        self.exit_code = 0  # EXIT_STUCK once stopped because of stuck handlers
+        # Set along with stop() when the worker decides to exit (run_services' stop_when), so
+        # that the other services of the process stop too.
+        self.exit_event: threading.Event | None = None
 
     def _after_completions(self) -> None:
         if self._short_claim:
@@ -429,13 +446,56 @@ class WorkerService(Service):
         return min(self.prefetch_max, int(self.concurrency * self.prefetch_wait / max(avg, 1e-6)))
 
     def abandon(self, item: InFlight) -> None:
-        """Give a timed-out job's slot back; its thread retires when (if) its handler returns."""
+        """Mark a running job whose handler passed its task's timeout as timed out (thread mode).
+
+        The handler cannot be stopped, so it keeps its slot (it counts against ``concurrency``
+        until it returns) and the job stays leased and renewed by this worker; a ``timed_out``
+        entry in the job's history records the attempt as timed out meanwhile (monitoring counts
+        these as stuck handlers). When the handler returns, the executor records the attempt as a
+        :class:`~django_leasequeue.exceptions.JobTimedOut` failure. Does nothing when the handler
+        returned first."""
+        if not item.ctx.time_out():
+            return
+        item.timed_out = True
+        logger.warning("job %s: attempt %s ran past its task's timeout of %s s; the handler cannot be stopped "
+                       "in thread mode, so its lease is kept until it returns", item.job.id, item.job.attempts,
+                       item.timeout)
+        try:
+            store.job_note_timed_out(item.job.id, item.job.lease_version, worker=self.worker_id,
+                                     timeout=float(item.timeout or 0), alias=self.alias)
+        except DatabaseError:
+            logger.exception("job %s: could not record the timeout in its history", item.job.id)
+            close_broken_connections()
+
+    def stuck(self) -> list[InFlight]:
+        """The held jobs whose handler is past its task's timeout and still running (thread mode)."""
         with self._lock:
-            if self._inflight.pop(item.job.id, None) is None:
-                return
-            self._spare_threads += 1
-        self._start_thread()
-        self.wake()
+            return [i for i in self._inflight.values() if i.timed_out]
+
+    def check_stuck(self, now: float) -> bool:
+        """Stop the worker (exit status :data:`EXIT_STUCK`) when its stuck handlers reach
+        ``STUCK_HANDLERS_MAX`` (default: all threads) or one is stuck ``STUCK_EXIT_AFTER`` seconds
+        past its timeout. ``now`` is ``time.monotonic()``. Returns True when it asked to stop."""
+        stuck = self.stuck()
+        if not stuck or self.exit_code:
+            return False
+        bound = self.settings.stuck_handlers_max or self.concurrency
+        longest = max(now - (i.deadline or now) for i in stuck)
+        after = self.settings.stuck_exit_after
+        if len(stuck) >= bound:
+            why = f"{len(stuck)} handler(s) stuck past their timeout (STUCK_HANDLERS_MAX: {bound})"
+        elif after is not None and longest >= after:
+            why = f"a handler stuck {longest:.0f} s past its timeout (STUCK_EXIT_AFTER: {after:g} s)"
+        else:
+            return False
+        logger.error("worker %s: %s; stopping gracefully with exit status %d so that its supervisor restarts it "
+                     "(jobs %s fail as JobTimedOut and are retried)", self.worker_id, why, EXIT_STUCK,
+                     ", ".join(str(i.job.id) for i in stuck))
+        self.exit_code = EXIT_STUCK
+        if self.exit_event is not None:
+            self.exit_event.set()
+        self.stop()
+        return True
 
     def release_unstarted(self, older_than: float | None = None) -> int:
         """Release prefetched jobs that no thread has started (all of them, or those claimed more
@@ -533,10 +593,11 @@ class WorkerService(Service):
             self._drop_unstarted(item)
             return False
         started = time.monotonic()
-        if item.timeout:
+        child = self.execution == "process"
+        if item.timeout and not child:  # in process mode the executor enforces the timeout itself
             item.deadline = started + item.timeout
         try:
-            self.executor.run(item.job, item.ctx)
+            self.executor.run(item.job, item.ctx, child=child)
         except BaseException:  # noqa: BLE001 - never lose a handler thread
             logger.exception("job %s: worker error outside the handler", item.job.id)
         finally:
@@ -549,12 +610,9 @@ class WorkerService(Service):
                 if self._inflight.get(item.job.id) is item:
                     del self._inflight[item.job.id]
                 wake = self._saturated and len(self._inflight) <= self._refill_at
-                retire = self._spare_threads > 0
-                if retire:
-                    self._spare_threads -= 1
             if wake:
                 self.wake()
-        return retire
+        return False
 
     def _drop_unstarted(self, item: InFlight) -> None:
         """A held job that will not be started (lease lost, or cancel requested): record the
@@ -748,7 +806,13 @@ class WorkerService(Service):
         self.completer.stop()
         self.completer.join()
         with self._lock:
-            leftover = [(i.job.id, i.job.lease_version) for i in self._inflight.values()]
+            held = list(self._inflight.values())
+        if self.execution == "process":
+            # Children still running after the grace period are killed before their jobs are
+            # released, so no handler runs on beside the next attempt. (Read the held jobs first:
+            # a killed child's thread lets go of its job at once, and the release must see it.)
+            self.executor.kill_children()
+        leftover = [i for i in held if not i.timed_out]
         # A handler that returned after the completer's final flush (the grace period ran out as it
         # finished) submitted its success to the stopped completer and left the running list, so it
         # is not released below either: write those completions now. Every job missing from
@@ -759,11 +823,33 @@ class WorkerService(Service):
             self.completer.flush()
         except DatabaseError:
             logger.exception("could not write the last completions; those jobs will be retried after their lease")
-        if leftover:
+        for item in held:
+            if item.timed_out:
+                # Stuck past its timeout: the attempt fails as timed out now (retried after backoff,
+                # or dead-lettered), never refunded; the thread dies with the process.
+                try:
+                    self.executor.record_timeout(item.job, item.ctx, (
+                        f"attempt {item.job.attempts} ran past the task's timeout of {item.timeout:g} s and was "
+                        f"still running when worker {self.worker_id} stopped"))
+                except DatabaseError:
+                    logger.exception("job %s: could not record its timeout; the lease will expire", item.job.id)
+        # A handler that had started was interrupted: its attempt is refunded, up to
+        # MAX_INTERRUPTIONS times (then the job is dead-lettered as Interrupted). One that never
+        # started (prefetched) did not run: released freely.
+        for interrupted in (True, False):
+            batch = [(i.job.id, i.job.lease_version) for i in leftover if i.started is interrupted]
+            if not batch:
+                continue
             try:
-                released = with_reconnect(lambda: store.job_release(leftover, alias=self.alias))
+                released = with_reconnect(functools.partial(
+                    store.job_release, batch, interrupted=interrupted,
+                    max_interruptions=self.settings.max_interruptions, alias=self.alias))
                 for job_id in released:
-                    signals.emit("released", job_id=job_id, reason="worker shutdown")
+                    if job_id in released.dead:
+                        signals.emit("dead_lettered", job_id=job_id, error="Interrupted",
+                                     message="interrupted more than MAX_INTERRUPTIONS times")
+                    else:
+                        signals.emit("released", job_id=job_id, reason="worker shutdown")
                 logger.info("released %d job(s) still running after the %.0f s grace period",
                             len(released), self.settings.shutdown_grace)
             except DatabaseError:

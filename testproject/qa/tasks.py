@@ -352,3 +352,56 @@ def digest(blob: str, items: list[object] | None = None) -> dict[str, object]:
     import hashlib
 
     return {"len": len(blob), "sha256": hashlib.sha256(blob.encode()).hexdigest(), "items": len(items or [])}
+
+
+@task(name="qa.overlap", takes_context=True, max_attempts=2, timeout=1, backoff=0.05,
+      concurrency_key="{key}", concurrency_limit=1)
+def overlap(context: JobContext, key: str, sleep: float = 4.0) -> str:
+    """Run past its ``timeout=1`` (a sleep the thread cannot be stopped in), writing an
+    :class:`Execution` row at the start (tag ``start:<threads alive in the worker>``) and at the
+    return (tag ``end``), outside any transaction: a ledger of which handlers ran at the same time.
+    At most one job per ``key`` may be leased at once."""
+    _record(context, f"start:{threading.active_count()}")
+    time.sleep(sleep)
+    _record(context, "end")
+    return key
+
+
+@task(name="qa.spin_forever", takes_context=True, max_attempts=1, timeout=1)
+def spin_forever(context: JobContext) -> None:
+    """A pure-Python loop that never ends (process mode must kill it at its 1 s timeout)."""
+    _record(context, "spin_forever")
+    while True:
+        pass
+
+
+@task(name="qa.gil_hog", takes_context=True, max_attempts=1, timeout=1)
+def gil_hog(context: JobContext) -> int:
+    """One C call that holds the GIL for hours (``sum`` over a huge range never releases it): in
+    thread mode it would wedge its worker; process mode must kill it at its 1 s timeout."""
+    _record(context, "gil_hog")
+    return sum(range(10**13))
+
+
+@task(name="qa.fenced_in_child", takes_context=True, max_attempts=2)
+def fenced_in_child(context: JobContext, key: str) -> dict[str, object]:
+    """Write an :class:`Effect` inside ``fenced_atomic()`` and return the pid it ran in (process
+    mode: the child's, fenced on the job's token all the same)."""
+    _record(context, key)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+    return {"pid": os.getpid()}
+
+
+@task(name="qa.fenced_late", takes_context=True, max_attempts=2, timeout=1, backoff=0.05)
+def fenced_late(context: JobContext, key: str, sleep: float = 2.0) -> str:
+    """Sleep past the ``timeout=1``, then try a fenced write: refused (JobTimedOut), nothing committed."""
+    _record(context, key)
+    time.sleep(sleep)
+    try:
+        with context.fenced_atomic():
+            Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+    except Exception as exc:
+        Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced", ok=False)
+        raise exc
+    return key

@@ -134,6 +134,15 @@ LEASEQUEUE_SCHEDULES = {
 }
 if os.environ.get("LEASEQUEUE_HEARTBEAT_INTERVAL"):
     LEASEQUEUE["HEARTBEAT_INTERVAL"] = float(os.environ["LEASEQUEUE_HEARTBEAT_INTERVAL"])
+# Timeouts: the stuck-handler bounds, the interruption bound and the execution mode, for process tests.
+if os.environ.get("LEASEQUEUE_STUCK_HANDLERS_MAX"):
+    LEASEQUEUE["STUCK_HANDLERS_MAX"] = int(os.environ["LEASEQUEUE_STUCK_HANDLERS_MAX"])
+if os.environ.get("LEASEQUEUE_STUCK_EXIT_AFTER"):
+    LEASEQUEUE["STUCK_EXIT_AFTER"] = float(os.environ["LEASEQUEUE_STUCK_EXIT_AFTER"])
+if os.environ.get("LEASEQUEUE_MAX_INTERRUPTIONS"):
+    LEASEQUEUE["MAX_INTERRUPTIONS"] = int(os.environ["LEASEQUEUE_MAX_INTERRUPTIONS"])
+if os.environ.get("LEASEQUEUE_EXECUTION"):
+    LEASEQUEUE["EXECUTION"] = os.environ["LEASEQUEUE_EXECUTION"]
 
 LOGGING = {
     "version": 1,

@@ -49,7 +49,10 @@ def test_timed_out_handlers_under_a_key_limit_of_one(spawn):
     keyed = keyed_ids()
     fenced, plain = enqueue_both(JOBS // 2, seed=41)
     workload = fenced + plain
-    fleet = Fleet(spawn, concurrency=CONCURRENCY)
+    # Up to all 4 threads of a worker may be stuck at once here; by default (STUCK_HANDLERS_MAX = the
+    # concurrency) that worker would exit with status 3 for its supervisor to restart it
+    # (tests/process/test_timeouts.py). This fault measures the limits with workers that stay.
+    fleet = Fleet(spawn, concurrency=CONCURRENCY, env={"LEASEQUEUE_STUCK_HANDLERS_MAX": str(CONCURRENCY + 1)})
     fleet.start_reaper()
     fleet.start()
     fleet.start()

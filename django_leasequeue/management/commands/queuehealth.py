@@ -183,6 +183,9 @@ class Command(BaseCommand):
         out("")
         out(f"processes alive: {kinds} (of {len(snap.workers)} registered; alive = heartbeat within "
             f"{snap.alive_within:g}s); last scheduler tick: {tick}; database time {snap.now.isoformat()}")
+        stuck = [w for w in snap.workers if w.stuck_handlers]
+        out(f"stuck handlers (past their task's timeout, still running): {snap.stuck_handlers}"
+            + "".join(f"; {w.id}: {w.stuck_handlers}, the oldest for {w.stuck_seconds:.0f}s" for w in stuck))
         if results:
             out("")
             for r in results:

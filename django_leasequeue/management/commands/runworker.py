@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_leasequeue.conf import check_lease_seconds, get_settings, parse_queue_list
+from django_leasequeue.conf import EXECUTION_MODES, check_lease_seconds, get_settings, parse_queue_list
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-reaper", action="store_true", help="do not run the reaper sweep in this worker")
         parser.add_argument("--with-scheduler", action="store_true",
                             help="also run the scheduler in this process")
+        parser.add_argument("--execution", choices=EXECUTION_MODES, default=None,
+                            help="'thread' runs handlers in the worker's threads; 'process' runs each in a child "
+                                 "process killed at its task's timeout (default: LEASEQUEUE['EXECUTION'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_leasequeue.runtime import run_services
@@ -61,7 +65,10 @@ class Command(BaseCommand):
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
-                               reap=not options["no_reaper"], settings=settings)
+                               reap=not options["no_reaper"], settings=settings, execution=options["execution"])
+        # The worker sets it when it decides to exit (handlers stuck past their timeout), so that
+        # a scheduler running in the same process stops too.
+        worker.exit_event = threading.Event()
         services: list[Service] = [worker]
         if options["with_scheduler"]:
             from django_leasequeue.scheduler import SchedulerService
@@ -72,7 +79,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc))
         self.stdout.write(
             f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
-            f"{worker.concurrency} thread(s), lease {worker.lease:g} s"
+            f"{worker.concurrency} thread(s), lease {worker.lease:g} s, {worker.execution} execution"
             f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully."
         )
         self.stdout.write(_tasks_line())
@@ -80,7 +87,7 @@ class Command(BaseCommand):
             self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
                               "for them, so configure LOGGING to see retries and dead letters.")
         self.stdout.flush()
-        code = run_services(services)
+        code = run_services(services, stop_when=worker.exit_event) or worker.exit_code
         if code:
             raise SystemExit(code)
 

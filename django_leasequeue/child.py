@@ -1,0 +1,65 @@
+"""The process-mode child (``EXECUTION = "process"``): runs one handler in a fresh interpreter.
+
+The worker starts it with the "spawn" start method, so this module must import nothing that needs
+Django's app registry at import time: everything is imported inside :func:`main`, after
+``django.setup()`` (the child inherits ``DJANGO_SETTINGS_MODULE`` from the worker's environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import signal
+from typing import Any
+
+
+def main(conn: Any, payload: dict[str, Any]) -> None:
+    """Entry point of a process-mode child: set Django up, run the task registered under
+    ``payload["task"]`` with a :class:`JobContext` on the job's fencing token (so ``fenced_atomic()``
+    and ``heartbeat()`` are fenced as in a thread) and send the outcome back through ``conn``.
+
+    Messages: ``("started",)``, then ``(kind, value, completed_in_transaction)`` with kind
+    ``returned`` (the JSON value), ``snooze`` (seconds), ``cancelled``/``lease_lost`` (message),
+    ``not_serializable`` (message) or ``raised`` (the error entry)."""
+    import django
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the group stops the worker, not the handler
+    django.setup()
+    from django.db import connections
+
+    from . import registry
+    from .context import JobContext
+    from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
+    from .executor import describe_error
+
+    registry.autodiscover()
+    ctx = JobContext(**payload["ctx"])
+    conn.send(("started",))
+    message: tuple[str, Any, bool]
+    try:
+        spec = registry.get_task(payload["task"])
+        args = list(payload["args"])
+        if spec.takes_context:
+            args.insert(0, ctx)
+        result = spec.func(*args, **payload["kwargs"])
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+        if isinstance(result, Snooze):
+            raise result
+        result_json = None if result is None else registry.json_dumps_result(result)
+        message = ("returned", None if result_json is None else json.loads(result_json), False)
+    except Snooze as snooze:
+        message = ("snooze", snooze.seconds, False)
+    except JobCancelled as exc:
+        message = ("cancelled", str(exc), False)
+    except LeaseLost as exc:
+        message = ("lease_lost", str(exc), False)
+    except PayloadNotSerializable as exc:
+        message = ("not_serializable", str(exc), False)
+    except BaseException as exc:  # noqa: BLE001 - every error is the attempt's outcome
+        message = ("raised", describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id), False)
+    message = (message[0], message[1], ctx.completed_in_transaction)
+    conn.send(message)
+    conn.close()
+    connections.close_all()

@@ -121,6 +121,8 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": None,
     "DEFAULT_QUEUE": "default",
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    # A handler's return value larger than this (JSON, UTF-8 bytes) fails its job (dead, no retry).
+    "MAX_RESULT_BYTES": 1024 * 1024,
     "NOTIFY": True,
     "NOTIFY_CHANNEL": "leasequeue",
     # Finished (done/cancelled) jobs are deleted this many seconds after finishing; None keeps them.
@@ -277,6 +279,7 @@ class Settings:
     prefetch_wait: float = 0.05
     prefetch_max: int = 64
     async_completions: bool = False
+    max_result_bytes: int = 1024 * 1024
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -336,6 +339,11 @@ def build(raw: dict[str, Any] | None) -> Settings:
         raise ConfigurationError(
             f"LEASEQUEUE['MAX_PAYLOAD_BYTES'] must be an int >= 0 (0: no limit), got {max_payload!r}"
         )
+    max_result = merged["MAX_RESULT_BYTES"]
+    if isinstance(max_result, bool) or not isinstance(max_result, int) or max_result < 0:
+        raise ConfigurationError(
+            f"LEASEQUEUE['MAX_RESULT_BYTES'] must be an int >= 0 (bytes of JSON; 0: no limit), got {max_result!r}"
+        )
     queues = merged["QUEUES"]
     if queues is not None:
         if isinstance(queues, (list, tuple, set, frozenset)):
@@ -383,6 +391,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prefetch_wait=float(merged["PREFETCH_WAIT"]),
         prefetch_max=prefetch_max,
         async_completions=bool(merged["ASYNC_COMPLETIONS"]),
+        max_result_bytes=max_result,
     )
 
 

@@ -230,3 +230,36 @@ def test_a_late_result_over_max_result_bytes_is_not_stored_and_the_fenced_comple
         drain()
     rows = {j.id: (j.status, j.attempts, j.result, j.errors) for j in Job.objects.all()}
     assert rows == {big.id: ("done", 1, None, []), ok.id: ("done", 1, "x" * 10, [])}
+
+
+@pytest.mark.skipif(not os.environ.get("LEASEQUEUE_HEAVY_TESTS"),
+                    reason="sends 260 MiB to PostgreSQL; set LEASEQUEUE_HEAVY_TESTS=1 to run")
+def test_a_result_jsonb_cannot_hold_fails_only_its_job_with_the_real_error():
+    """The full-size case, under a raised MAX_RESULT_BYTES: a 260 MiB string is over jsonb's
+    255 MiB limit, and PostgreSQL refuses it with ProgramLimitExceeded (an OperationalError). The
+    batch is completed one by one: that job is dead with the database's error, the others of the
+    batch are done once (they used to be re-queued with it forever, and run again)."""
+    size = 260 * 1024 * 1024
+    stop = threading.Event()
+    with override_settings(LEASEQUEUE={"MAX_RESULT_BYTES": 2 * size}):
+        small = [enqueue("qa.sized", [10]) for _ in range(10)]
+        big = enqueue("qa.sized", [size])
+        small += [enqueue("qa.sized", [10]) for _ in range(10)]
+        worker = WorkerService(concurrency=4, poll_interval=0.05, notify=False, reap=False)
+        thread = threading.Thread(target=run_services, args=([worker],),
+                                  kwargs={"install_signals": False, "stop_when": stop})
+        thread.start()
+        try:
+            wait_for(lambda: not Job.objects.filter(status__in=["ready", "leased"]).exists(), timeout=120,
+                     interval=0.2, what="every job to finish")
+        finally:
+            stop.set()
+            thread.join(60)
+    row = Job.objects.values("status", "attempts", "errors").get(pk=big.id)
+    assert (row["status"], row["attempts"], executions(big.id)) == ("dead", 1, 1)
+    (error,) = row["errors"]
+    assert error["type"] == "django.db.utils.OperationalError"
+    assert "jsonb" in error["message"], error["message"]
+    assert {j.id: (j.status, j.attempts) for j in Job.objects.filter(pk__in=[s.id for s in small])} == {
+        s.id: ("done", 1) for s in small}
+    assert [executions(s.id) for s in small] == [1] * 20

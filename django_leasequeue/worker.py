@@ -344,8 +344,10 @@ class HeartbeatService(Service):
             else:
                 next_wake = min(next_wake, item.next_renewal)
         if due:
-            renewals = store.job_renew([(i.job.id, i.job.lease_version, i.lease) for i in due],
-                                       alias=self.worker.alias)
+            leases = [(i.job.id, i.job.lease_version, i.lease) for i in due]
+            # A session cut under the heartbeat (a terminated backend, a restart) is retried at
+            # once on a new connection: only connection errors are (runtime.db_error_kind).
+            renewals = with_reconnect(lambda: store.job_renew(leases, alias=self.worker.alias))
             for item in due:
                 renewal = renewals.get(item.job.id)
                 if renewal is None:

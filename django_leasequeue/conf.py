@@ -121,6 +121,8 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": None,
     "DEFAULT_QUEUE": "default",
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    # A handler's return value larger than this (JSON, UTF-8 bytes) fails its job (dead, no retry).
+    "MAX_RESULT_BYTES": 1024 * 1024,
     "NOTIFY": True,
     "NOTIFY_CHANNEL": "leasequeue",
     # Finished (done/cancelled) jobs are deleted this many seconds after finishing; None keeps them.
@@ -297,6 +299,7 @@ class Settings:
     prefetch_max: int = 64
     async_completions: bool = False
     unknown_task_grace: float | None = 300.0
+    max_result_bytes: int = 1024 * 1024
     # ---- timeouts ----
     execution: str = "thread"
     stuck_handlers_max: int | None = None
@@ -361,6 +364,11 @@ def build(raw: dict[str, Any] | None) -> Settings:
         raise ConfigurationError(
             f"LEASEQUEUE['MAX_PAYLOAD_BYTES'] must be an int >= 0 (0: no limit), got {max_payload!r}"
         )
+    max_result = merged["MAX_RESULT_BYTES"]
+    if isinstance(max_result, bool) or not isinstance(max_result, int) or max_result < 0:
+        raise ConfigurationError(
+            f"LEASEQUEUE['MAX_RESULT_BYTES'] must be an int >= 0 (bytes of JSON; 0: no limit), got {max_result!r}"
+        )
     queues = merged["QUEUES"]
     if queues is not None:
         if isinstance(queues, (list, tuple, set, frozenset)):
@@ -416,6 +424,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         async_completions=bool(merged["ASYNC_COMPLETIONS"]),
         unknown_task_grace=grace,
         **_build_timeouts(merged),
+        max_result_bytes=max_result,
     )
 
 

@@ -40,6 +40,24 @@ class PayloadTooLarge(EnqueueError):
     """The JSON-encoded arguments exceed ``LEASEQUEUE["MAX_PAYLOAD_BYTES"]``."""
 
 
+class ResultTooLarge(LeaseQueueError):
+    """A handler's return value, encoded as JSON, exceeds ``LEASEQUEUE["MAX_RESULT_BYTES"]``.
+
+    Recorded as the job's failed attempt (never retried: the same result would be refused again,
+    so the job is dead-lettered); the message gives the size and the limit in bytes.
+
+    Args:
+        size (int): the UTF-8 size of the result's JSON, in bytes.
+        limit (int): the ``MAX_RESULT_BYTES`` setting, in bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the return value is {size} bytes of JSON, over LEASEQUEUE['MAX_RESULT_BYTES'] "
+                         f"({limit} bytes); store large outputs elsewhere and return a reference")
+        self.size = size
+        self.limit = limit
+
+
 class UnknownTask(LeaseQueueError, LookupError):
     """No task is registered under that name. Workers dead-letter such jobs; they never import them."""
 

@@ -31,14 +31,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError
 
 from . import child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
-from .exceptions import JobCancelled, JobTimedOut, LeaseLost, PayloadNotSerializable, Snooze, UnknownTask
+from .exceptions import JobCancelled, JobTimedOut, LeaseLost, PayloadNotSerializable, ResultTooLarge, Snooze, UnknownTask
 from .retry import Backoff, as_backoff, clamp_delay
-from .runtime import close_broken_connections
+from .runtime import close_broken_connections, is_connection_error
 
 logger = logging.getLogger("django_leasequeue.executor")
 
@@ -111,14 +111,29 @@ def with_reconnect(fn: Callable[[], T]) -> T:
     """Call a store function; on a dropped connection, close it and try once more on a new one.
 
     Every store write is fenced, so repeating one is safe: if the first attempt did commit, the
-    second finds the token or status changed and writes nothing.
+    second finds the token or status changed and writes nothing. Only connection errors are
+    retried (:func:`runtime.db_error_kind`): a value the database refused fails again.
     """
     try:
         return fn()
-    except (OperationalError, InterfaceError):
+    except DatabaseError as exc:
+        if not is_connection_error(exc):
+            raise
         close_broken_connections()
         time.sleep(0.2)
         return fn()
+
+
+def check_result_size(result_json: str, limit: int) -> None:
+    """Raise :class:`ResultTooLarge` when ``result_json`` is over ``limit`` bytes (UTF-8; 0: no limit).
+
+    Encodes only when the character count cannot decide (a character is 1 to 4 bytes in UTF-8).
+    """
+    if not limit or len(result_json) * 4 <= limit:
+        return
+    size = len(result_json.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ResultTooLarge(size, limit)
 
 
 def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> None:
@@ -211,15 +226,20 @@ class Executor:
             if result is not None:
                 try:
                     late_json = registry.json_dumps_result(result)
+                    check_result_size(late_json, self.settings.max_result_bytes)
                     with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, late_json,
                                                                 alias=self.alias))
-                except (PayloadNotSerializable, DatabaseError):
+                except (PayloadNotSerializable, ResultTooLarge, DatabaseError):
                     logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)
             signals.emit("succeeded", **fields)
             return "done"
         try:
             result_json = None if result is None else registry.json_dumps_result(result)
-        except PayloadNotSerializable as exc:
+            if result_json is not None:
+                check_result_size(result_json, self.settings.max_result_bytes)
+        except (PayloadNotSerializable, ResultTooLarge) as exc:
+            # Not retried: the same value would be refused again. Checked here, before the batched
+            # completion, so that one oversized result fails only its own job.
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
         self.complete(ctx, result_json)
         return "done"

@@ -454,3 +454,22 @@ class Dashboard(QueueState):
         proxy = True
         verbose_name = "queue dashboard"
         verbose_name_plural = "queue dashboard"
+
+
+class ReaperSweep(models.Model):
+    """One row (id 1): when a reaper last swept, and when the database last came back after a
+    silence, by the database's real clock (``clock_timestamp()``, not the adjustable
+    ``leasequeue_now()``). Written only by the reaper's statement (``store.JOB_REAP``): a silence
+    longer than twice the reaper interval means no process could reach the database (an outage or
+    restart hits every worker at once), so for one lease period after it the reaper leaves expired
+    leases to their holders, who renew or complete them (docs/explanation/leases.md)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_sweep_at = models.DateTimeField()
+    resumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "leasequeue_reaper_sweep"
+
+    def __str__(self) -> str:
+        return f"last sweep {self.last_sweep_at}, resumed {self.resumed_at}"

@@ -4,7 +4,10 @@ tasks that no live worker knows (rolling deploys, after ``UNKNOWN_TASK_GRACE``).
 A job whose ``leased_until`` has passed by database time goes back to ``ready`` (its claim counted
 as an attempt), or to ``dead`` when its attempts are exhausted, with "lease expired" recorded as
 the attempt's error. Reaping depends only on the job row's lease, never on worker rows or names
-(case C01), so a worker killed with SIGKILL loses nothing and needs no operator.
+(case C01), so a worker killed with SIGKILL loses nothing and needs no operator. One exception,
+judged in the database: after a silence of every reaper (longer than twice the reaper interval:
+the database was unreachable for everyone, or restarted), expired leases are left to their holders
+for one lease period, so that an outage is not read as every worker dying (see ``store.JOB_REAP``).
 
 Runs inside every worker (``WorkerService`` calls :func:`reap_once` every ``REAPER_INTERVAL``) and
 as ``manage.py runreaper``. Any number may run at once: the statement uses ``SKIP LOCKED`` and a
@@ -31,11 +34,33 @@ REAP_BATCH = 500
 PROCESS_PRUNE_EVERY = 60.0
 
 
-def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: int = REAP_BATCH) -> list[store.Reaped]:
-    """Take back every expired lease (in batches of ``batch``); return what was reaped."""
+def outage_silence(interval: float) -> float:
+    """Seconds without any sweep that count as an outage for everyone: twice the reaper
+    ``interval`` (seconds), at least 1 s, so that one late sweep is not mistaken for one."""
+    return max(1.0, 2 * interval)
+
+
+def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: int = REAP_BATCH,
+              settings: Settings | None = None, interval: float | None = None,
+              once: bool = False) -> list[store.Reaped]:
+    """Take back every expired lease (in batches of ``batch``); return what was reaped.
+
+    Args:
+        now: the database time to judge expiry by (aware datetime; None: the database clock).
+        alias: the database alias (None: the queue's).
+        batch: most jobs per statement.
+        settings: the settings (None: the project's); their ``LEASE`` applies to jobs without a
+            lease of their own.
+        interval: seconds between this process's sweeps (None: ``REAPER_INTERVAL``), which sets
+            the silence taken for an outage (:func:`outage_silence`).
+        once: a one-off sweep (``runreaper --once``, from cron): it has no cadence to measure a
+            silence by, so the clock alone decides.
+    """
+    settings = settings or get_settings()
+    silence = None if once else outage_silence(settings.reaper_interval if interval is None else interval)
     reaped: list[store.Reaped] = []
     while True:
-        rows = store.job_reap_expired(limit=batch, now=now, alias=alias)
+        rows = store.job_reap_expired(limit=batch, now=now, silence=silence, lease=settings.lease, alias=alias)
         reaped.extend(rows)
         for row in rows:
             # The event names the expired attempt's token (the statement bumped it by one), so it
@@ -124,7 +149,7 @@ class ReaperService(Service):
                                pid=os.getpid(), queues=None, concurrency=0, alias=self.alias)
 
     def run_once(self) -> float:
-        self.reaped += len(reap_once(alias=self.alias))
+        self.reaped += len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
         dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
         if self._runs % max(1, int(60 / self.interval)) == 0:
             pruned = prune_once(self.settings, alias=self.alias)

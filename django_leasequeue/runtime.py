@@ -21,12 +21,27 @@ import signal
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import Literal
 
-from django.db import connections
+import psycopg
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 logger = logging.getLogger("django_leasequeue.runtime")
 
 ERROR_BACKOFF_MAX = 30.0
+
+# SQLSTATEs that mean the server cannot be reached or is going away: class 08 (connection
+# exception), 57P01-57P05 (admin/crash shutdown, cannot connect now, database dropped, idle
+# session timeout) and 53300 (too many connections). A statement that failed so is retried as a
+# whole later. Classes 22 (data exception) and 54 (program limit exceeded: a jsonb value over
+# 255 MiB) are about the values sent: the same statement fails again, whatever the connection.
+# Classes 25 (invalid transaction state: a read-only standby after a failover), 40 (serialization
+# failure, deadlock), 53 (insufficient resources), 55 (object not in prerequisite state: a lock not
+# available), 57 (operator intervention: query cancelled) and 58 (system error) are about the
+# server's state, not the values: retried later as well.
+_CONNECTION_STATES = ("08", "57P0", "53300")
+_DATA_CLASSES = ("22", "54")
+_TRANSIENT_CLASSES = ("25", "40", "53", "55", "57", "58")
 
 
 def close_broken_connections() -> None:
@@ -44,6 +59,46 @@ def close_broken_connections() -> None:
                 conn.close()
             else:
                 conn.errors_occurred = False
+
+
+def db_error_kind(exc: BaseException) -> Literal["connection", "data", "transient"]:
+    """Classify a database error by what retrying it can achieve.
+
+    Django wraps the driver's exception in its own class (``OperationalError`` for both a refused
+    connection and psycopg's ``ProgramLimitExceeded``), so the SQLSTATE of the psycopg exception
+    (Django keeps it as ``exc.__cause__``) decides, and the class only when there is none.
+
+    Args:
+        exc: an exception raised by a database call (a Django or psycopg error).
+
+    Returns:
+        ``"connection"``: the server is unreachable (refused or lost connection, shutdown, or an
+        ``OperationalError``/``InterfaceError`` without SQLSTATE, raised by the client): retry
+        the same statement once a connection works. ``"data"``: the values were refused
+        (SQLSTATE class 22 or 54, or a non-operational error such as ``DataError``,
+        ``IntegrityError`` or ``ProgrammingError``): the same values fail again, so split a batch
+        and record the error of the row at fault. ``"transient"``: any other operational error,
+        and the classes about the server's state (25 read-only transaction, 40 serialization
+        failure or deadlock, 53 insufficient resources, 55, 57014 query cancelled, 58): the
+        server answered, retry later.
+    """
+    driver = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ is not None else exc
+    operational = isinstance(exc, OperationalError) or isinstance(driver, psycopg.OperationalError)
+    sqlstate = getattr(driver, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        if sqlstate.startswith(_CONNECTION_STATES):
+            return "connection"
+        if sqlstate.startswith(_DATA_CLASSES):
+            return "data"
+        return "transient" if operational or sqlstate.startswith(_TRANSIENT_CLASSES) else "data"
+    if operational or isinstance(exc, InterfaceError) or isinstance(driver, psycopg.InterfaceError):
+        return "connection"
+    return "data"
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` (a database error) means the server is unreachable: see :func:`db_error_kind`."""
+    return db_error_kind(exc) == "connection"
 
 
 class Service:

@@ -41,13 +41,14 @@ from django.db.backends.utils import CursorWrapper
 from psycopg import errors
 
 from .exceptions import NotMigrated, UnknownTask
-from .models import Job, QueueState, Schedule, WorkerProcess
+from .models import Job, QueueState, ReaperSweep, Schedule, WorkerProcess
 
 if TYPE_CHECKING:
     from .conf import RateLimit
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
+SWEEP_TABLE = ReaperSweep._meta.db_table
 QUEUE_TABLE = QueueState._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 
@@ -1255,11 +1256,31 @@ def job_note_timed_out(job_id: int, version: int, *, worker: str, timeout: float
 # SKIP LOCKED lets several reapers run at once; the re-check in the outer WHERE makes the update a
 # compare-and-set, so a worker that completed in between wins (River #1302). A job whose cancel was
 # requested ends cancelled: its worker died before it could honour the request.
+#
+# The clock alone does not decide: an outage (or a restart) of the database hits every process at
+# once, and when it ends every lease has run out although no holder died. Each sweep records its
+# time in the one-row sweep table, by the real clock (clock_timestamp(): not the test-adjustable
+# leasequeue_now(), and immune to a caller's now=). A sweep that finds the previous one older than
+# %(silence)s seconds (twice the reaper interval) concludes that no reaper could reach the database
+# meanwhile and records the database as resumed now. For one lease period (the job's own) after
+# that, expired leases are left to their holders, whose heartbeats and completions, fenced on the
+# token rather than the clock, still succeed; a holder that really died is reaped one lease later.
+# The row lock serialises concurrent sweeps on the same decision.
 JOB_REAP = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
+sweep AS MATERIALIZED (
+    INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
+    ON CONFLICT (id) DO UPDATE SET
+        resumed_at = CASE WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
+                          THEN EXCLUDED.last_sweep_at ELSE s.resumed_at END,
+        last_sweep_at = greatest(s.last_sweep_at, EXCLUDED.last_sweep_at)
+    RETURNING s.last_sweep_at, s.resumed_at
+),
 expired AS MATERIALIZED (
-    SELECT j.id FROM {JOB_TABLE} j, clock
+    SELECT j.id FROM {JOB_TABLE} j, clock, sweep
     WHERE j.status = 'leased' AND j.leased_until < clock.now
+      AND (sweep.resumed_at IS NULL OR %(silence)s::float8 IS NULL OR sweep.last_sweep_at
+           >= sweep.resumed_at + make_interval(secs => coalesce(j.lease_seconds, %(lease)s::float8)))
     ORDER BY j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -1293,11 +1314,22 @@ class Reaped:
     lease_version: int
 
 
-def job_reap_expired(*, limit: int = 500, now: datetime | None = None,
-                     alias: str | None = None) -> list[Reaped]:
-    """Take back up to ``limit`` expired leases; return what was reaped (status ready, dead or cancelled)."""
+def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: float | None = 10.0,
+                     lease: float = 30.0, alias: str | None = None) -> list[Reaped]:
+    """Take back up to ``limit`` expired leases; return what was reaped (status ready, dead or cancelled).
+
+    Args:
+        limit: most jobs taken back by this statement.
+        now: the database time to judge expiry by (aware datetime; None: ``leasequeue_now()``).
+        silence: seconds without any sweep after which the database is taken to have been
+            unreachable for everyone; expired leases are then left to their holders for one lease
+            period (the job's ``lease_seconds``) from the sweep that noticed it. None: judge by
+            the clock alone (a one-off sweep, which has no cadence to measure a silence by).
+        lease: seconds, the lease of jobs whose ``lease_seconds`` is null (the worker default).
+    """
     with _cursor(alias) as cur:
-        cur.execute(JOB_REAP, {"now": now, "limit": limit})
+        cur.execute(JOB_REAP, {"now": now, "limit": limit, "silence": None if silence is None else float(silence),
+                               "lease": float(lease)})
         return [Reaped(*r) for r in cur.fetchall()]
 
 

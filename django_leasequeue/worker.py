@@ -24,7 +24,11 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
   with status :data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs
   each handler in a child process killed at its timeout instead.
 * :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
-  per few milliseconds instead of one transaction per job.
+  per few milliseconds instead of one transaction per job. A job whose handler returned stays
+  held (its lease renewed, its thread free) until its completion is written or refused, so that
+  a database outage does not let the lease run out; the worker writes its own pending
+  completions before its reaper sweeps. A batch the database refuses on its data (SQLSTATE class
+  22 or 54, see :func:`runtime.db_error_kind`) is written one row at a time.
 * :class:`~django_leasequeue.notify.Listener` wakes the worker on ``LISTEN`` notifications.
 
 Graceful stop (SIGTERM): stop claiming, let running jobs finish up to ``SHUTDOWN_GRACE`` seconds,
@@ -50,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
@@ -58,7 +62,7 @@ from .conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, 
 from .context import JobContext
 from .executor import Executor, describe_error, report_lease_lost, with_reconnect
 from .notify import Listener
-from .runtime import Service, close_broken_connections
+from .runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 
 logger = logging.getLogger("django_leasequeue.worker")
 
@@ -109,6 +113,10 @@ class InFlight:
     deadline: float | None = None  # monotonic time of the task's timeout (set when started, thread mode)
     started: bool = False  # a thread took it (False: prefetched, waiting for a thread)
     timed_out: bool = False
+    # The handler returned and its completion is queued in the completer: the thread is free (not
+    # counted against the concurrency) but the lease is still renewed until the completion is
+    # written or refused, so no reaper takes back a job whose handler already returned.
+    completing: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -119,21 +127,53 @@ def start_margin(lease: float) -> float:
 
 
 class Completer(Service):
-    """Batches successful completions into one fenced statement per flush."""
+    """Batches successful completions into one fenced statement per flush.
+
+    Args:
+        alias: the database alias.
+        gather: seconds to let a batch gather before a flush.
+        max_batch: most completions per statement.
+        on_flush: called after completions were written (a concurrency slot may be free).
+        on_settled: called with the contexts whose completion was decided (written, refused for a
+            lost lease or cancel, or recorded as a failed attempt), from the thread that flushed
+            them; the worker stops renewing those leases then. Completions kept for a later flush
+            (the database is unreachable) are not settled.
+        retry_cap: returns the longest wait in seconds after failed flushes (the worker passes a
+            third of the shortest lease it holds); None: the general 30 s cap.
+        synchronous_commit: False commits completions without waiting for the WAL flush.
+    """
 
     name = "completer"
 
     def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
-                 on_flush: Callable[[], None] | None = None, synchronous_commit: bool = True) -> None:
+                 on_flush: Callable[[], None] | None = None, synchronous_commit: bool = True,
+                 on_settled: Callable[[Sequence[JobContext]], None] | None = None,
+                 retry_cap: Callable[[], float] | None = None) -> None:
         super().__init__()
         self.alias = alias
         self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
+        self.on_settled = on_settled
+        self.retry_cap = retry_cap
         self.gather = gather
         self.max_batch = max_batch
         self.synchronous_commit = synchronous_commit
         self._idle = True
         self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
         self.completed = 0
+
+    @property
+    def error_backoff_max(self) -> float:
+        """Seconds: after failed flushes (a database outage) retry well within the shortest lease
+        held, so that the completions are written while those leases can still be renewed (the
+        general 30 s cap would outlast them)."""
+        if self.retry_cap is None:
+            return ERROR_BACKOFF_MAX
+        return min(ERROR_BACKOFF_MAX, self.retry_cap())
+
+    @property
+    def pending(self) -> bool:
+        """True while completions are queued and not yet written."""
+        return not self._queue.empty()
 
     def submit(self, ctx: JobContext, result_json: str | None) -> None:
         """Queue a success for the next flush (within a few milliseconds)."""
@@ -149,11 +189,22 @@ class Completer(Service):
             return 1.0
         self._idle = False
         time.sleep(self.gather)  # let a batch gather; completion latency is not on the claim path
-        self.flush()
+        try:
+            self.flush()
+        except Exception:
+            # Backing off after a failed flush counts as idle: a new submission wakes us to try
+            # again at once, rather than waiting out the backoff.
+            self._idle = True
+            raise
         return 0.0
 
     def flush(self) -> None:
-        """Write every queued completion now (batches of ``max_batch``)."""
+        """Write every queued completion now (batches of ``max_batch``).
+
+        Raises:
+            DatabaseError: the database is unreachable (or answered with a transient error); the
+                completions not written are queued again for the next flush.
+        """
         while not self._queue.empty():
             batch: list[tuple[JobContext, str | None]] = []
             while len(batch) < self.max_batch and not self._queue.empty():
@@ -162,20 +213,24 @@ class Completer(Service):
             try:
                 done = with_reconnect(functools.partial(
                     store.job_complete, items, alias=self.alias, synchronous_commit=self.synchronous_commit))
-            except (OperationalError, InterfaceError):
-                # The database is unreachable. Keep them for the next flush: completion is fenced,
-                # so writing it late is safe (or refused, if the lease expired and the job was
-                # taken back meanwhile).
-                for item in batch:
-                    self._queue.put(item)
-                raise
-            except DatabaseError:
-                # One row the database refuses must not block every other completion: write them
-                # one by one and record the refused ones as failed attempts.
+            except DatabaseError as exc:
+                if db_error_kind(exc) != "data":
+                    # The database is unreachable (or busy). Keep them for the next flush:
+                    # completion is fenced on the token, not on the clock, so writing it late
+                    # is safe (the heartbeat keeps renewing these leases meanwhile).
+                    for item in batch:
+                        self._queue.put(item)
+                    raise
+                # One row the database refuses (a value jsonb cannot hold) must not block every
+                # other completion: write them one by one and record the refused ones as failed
+                # attempts with their own error.
+                close_broken_connections()
                 done, failed = self._complete_one_by_one(batch)
             else:
                 failed = set()
             self.completed += len(done)
+            if self.on_settled is not None:
+                self.on_settled([ctx for ctx, _ in batch])
             if self.on_flush is not None:
                 self.on_flush()
             report = signals.enabled("succeeded")
@@ -192,36 +247,36 @@ class Completer(Service):
                     signals.emit("cancelled", **fields)
                 elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
                     continue
-                else:
+                elif not ctx.lease_lost:  # a loss the heartbeat found was reported already
                     report_lease_lost(ctx, write="complete", fields=fields)
 
     def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> tuple[store.Completed, set[int]]:
         """Write ``batch`` one completion at a time; a completion the database refuses (e.g. a
         result jsonb cannot hold) becomes a failed attempt with that error (dead: the same result
         would be refused again). Returns the completions written and the ids recorded as failed.
-        On a connection error, this item and every later one go back on the queue (none is lost)."""
+        On a connection (or transient) error, this item and every later one go back on the queue
+        and the error is raised (none is lost); the contexts decided before it are settled."""
         done = store.Completed()
         failed: set[int] = set()
         for index, (ctx, result) in enumerate(batch):
             try:
                 one = store.job_complete([(ctx.job_id, ctx.lease_version, result)], alias=self.alias)
-            except (OperationalError, InterfaceError):
-                for item in batch[index:]:
-                    self._queue.put(item)
-                raise
             except DatabaseError as exc:
+                if db_error_kind(exc) != "data":
+                    self._requeue(batch, index)
+                    raise
                 logger.exception("job %s: the database refused its result", ctx.job_id)
                 close_broken_connections()
                 error = describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id)
                 try:
                     outcome = store.job_fail(ctx.job_id, ctx.lease_version, error, retry_delay=None, alias=self.alias)
-                except (OperationalError, InterfaceError):
-                    for item in batch[index:]:
-                        self._queue.put(item)
-                    raise
-                except DatabaseError:
+                except DatabaseError as fail_exc:
+                    if db_error_kind(fail_exc) != "data":
+                        self._requeue(batch, index)
+                        raise
                     # Not even the failure could be written: the lease will expire and the job be
                     # retried. Not a lost lease, and no reason to drop the rest of the batch.
+                    close_broken_connections()
                     logger.exception("job %s: could not record the refused result; the lease will expire",
                                      ctx.job_id)
                     failed.add(ctx.job_id)
@@ -239,6 +294,13 @@ class Completer(Service):
             done.update(one)
             done.cancelled.update(one.cancelled)
         return done, failed
+
+    def _requeue(self, batch: list[tuple[JobContext, str | None]], index: int) -> None:
+        """Queue ``batch[index:]`` again for the next flush; settle the ones decided before it."""
+        for item in batch[index:]:
+            self._queue.put(item)
+        if index and self.on_settled is not None:
+            self.on_settled([ctx for ctx, _ in batch[:index]])
 
     def on_stop(self) -> None:
         try:
@@ -271,14 +333,16 @@ class HeartbeatService(Service):
         due: list[InFlight] = []
         next_wake = now + 1.0
         for item in self.worker.inflight_snapshot():
-            if item.deadline is not None and now >= item.deadline and not item.timed_out:
+            if item.deadline is not None and now >= item.deadline and not item.timed_out \
+                    and not item.completing:
                 # Past the task's timeout. A thread cannot be stopped, so the attempt is only
                 # marked timed out: the job stays leased (and renewed below, even for a manual
                 # heartbeat) until the handler returns, so that its retry, or another job under
-                # its concurrency key, cannot start while it still runs.
+                # its concurrency key, cannot start while it still runs. (A returned job waiting
+                # for its completion to be written has no deadline any more.)
                 self.worker.abandon(item)
-            if (item.manual_heartbeat and item.started and not item.timed_out) \
-                    or item.ctx.completed_in_transaction or item.ctx.lease_lost:
+            manual = item.manual_heartbeat and item.started and not item.timed_out and not item.completing
+            if manual or item.ctx.completed_in_transaction or item.ctx.lease_lost:
                 # Nothing to renew: the handler renews (a manual heartbeat; until a thread starts
                 # it, a prefetched job is renewed here like any other), done by fenced_atomic(),
                 # or already lost.
@@ -288,8 +352,10 @@ class HeartbeatService(Service):
             else:
                 next_wake = min(next_wake, item.next_renewal)
         if due:
-            renewals = store.job_renew([(i.job.id, i.job.lease_version, i.lease) for i in due],
-                                       alias=self.worker.alias)
+            leases = [(i.job.id, i.job.lease_version, i.lease) for i in due]
+            # A session cut under the heartbeat (a terminated backend, a restart) is retried at
+            # once on a new connection: only connection errors are (runtime.db_error_kind).
+            renewals = with_reconnect(lambda: store.job_renew(leases, alias=self.worker.alias))
             for item in due:
                 renewal = renewals.get(item.job.id)
                 if renewal is None:
@@ -390,13 +456,16 @@ class WorkerService(Service):
         self._avg_runtime: float | None = None  # moving average of handler durations, seconds
         # A written completion may free a concurrency-key slot that the last claim found full:
         # claim again now rather than a poll interval later (only when the last claim came up short).
+        self._completing = 0  # held jobs whose handler returned, completion not yet written
         self.completer = Completer(alias=self.alias, on_flush=self._after_completions,
-                                   synchronous_commit=not self.settings.async_completions)
+                                   synchronous_commit=not self.settings.async_completions,
+                                   on_settled=self._completions_settled,
+                                   retry_cap=lambda: self.heartbeat.error_backoff_max)
         self.heartbeat = HeartbeatService(self)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
         self.executor = Executor(worker_id=self.worker_id, settings=self.settings, alias=self.alias,
-                                 complete=self.completer.submit)
+                                 complete=self._submit_completion)
         self.claimed = 0
         self.throttled = 0  # claims cut short by a queue rate limit
         self._throttled_until = 0.0
@@ -414,6 +483,37 @@ class WorkerService(Service):
     def _after_completions(self) -> None:
         if self._short_claim:
             self.wake()
+
+    def _submit_completion(self, ctx: JobContext, result_json: str | None) -> None:
+        """The executor's success path: keep the job held (renewed by the heartbeat, no longer
+        counted against the concurrency) until the completer has written or refused it."""
+        with self._lock:
+            item = self._inflight.get(ctx.job_id)
+            if item is not None and item.ctx is ctx and not item.completing:
+                item.completing = True
+                item.deadline = None  # the handler returned: its timeout no longer applies
+                self._completing += 1
+        self.completer.submit(ctx, result_json)
+
+    def _completions_settled(self, contexts: Sequence[JobContext]) -> None:
+        """The completer decided these completions: stop holding their jobs."""
+        with self._lock:
+            for ctx in contexts:
+                item = self._inflight.get(ctx.job_id)
+                if item is not None and item.ctx is ctx and item.completing:
+                    self._forget_locked(item)
+
+    def _forget_locked(self, item: InFlight) -> None:
+        """Drop ``item`` from the held jobs (caller holds ``_lock``); no-op if it is not held."""
+        if self._inflight.get(item.job.id) is item:
+            del self._inflight[item.job.id]
+            if item.completing:
+                self._completing -= 1
+
+    def _busy_locked(self) -> int:
+        """Held jobs that occupy a thread or wait for one (caller holds ``_lock``): returned jobs
+        waiting for their completion to be written do not."""
+        return len(self._inflight) - self._completing
 
     # -- pool -----------------------------------------------------------------------------------
     def inflight_snapshot(self) -> list[InFlight]:
@@ -434,7 +534,7 @@ class WorkerService(Service):
     def free_slots(self) -> int:
         """Threads not running a job and not promised to a prefetched one."""
         with self._lock:
-            return self.concurrency - len(self._inflight)
+            return self.concurrency - self._busy_locked()
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -607,9 +707,9 @@ class WorkerService(Service):
             avg = self._avg_runtime
             self._avg_runtime = runtime if avg is None else avg + RUNTIME_EWMA_WEIGHT * (runtime - avg)
             with self._lock:
-                if self._inflight.get(item.job.id) is item:
-                    del self._inflight[item.job.id]
-                wake = self._saturated and len(self._inflight) <= self._refill_at
+                if not item.completing:  # a returned job stays held until its completion is written
+                    self._forget_locked(item)
+                wake = self._saturated and self._busy_locked() <= self._refill_at
             if wake:
                 self.wake()
         return False
@@ -625,7 +725,7 @@ class WorkerService(Service):
             except DatabaseError:
                 logger.exception("job %s: could not record its cancel; the lease will expire", item.job.id)
         with self._lock:
-            wake = self._saturated and len(self._inflight) <= self._refill_at
+            wake = self._saturated and self._busy_locked() <= self._refill_at
         if wake:
             self.wake()
 
@@ -666,7 +766,12 @@ class WorkerService(Service):
         now = time.monotonic()
         if self.reap and now >= self._next_reap:
             self._next_reap = now + self.settings.reaper_interval
-            reaper.reap_once(alias=self.alias)
+            if self.completer.pending:
+                # Write this worker's own completions first: after an outage its returned jobs'
+                # leases may have run out by the clock, and the sweep must find them done, not
+                # expired. A failed flush (the database is still away) skips this sweep.
+                self.completer.flush()
+            reaper.reap_once(alias=self.alias, settings=self.settings)
             reaper.dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.worker_id)
             if now >= self._next_process_prune:
                 self._next_process_prune = now + reaper.PROCESS_PRUNE_EVERY
@@ -677,7 +782,7 @@ class WorkerService(Service):
             return self._throttled_until - now
         extra = self.prefetch_allowance()
         with self._lock:
-            held = len(self._inflight)
+            held = self._busy_locked()
             # Without prefetch: claim as soon as one thread is free. With it: once half the
             # prefetched jobs were taken, so each claim brings a batch, not one job per freed thread.
             self._refill_at = self.concurrency - 1 + extra // 2
@@ -782,8 +887,7 @@ class WorkerService(Service):
             self.completer.flush()
         finally:
             with self._lock:
-                if self._inflight.get(job.id) is item:
-                    del self._inflight[job.id]
+                self._forget_locked(item)
         if outcome == "done" and not item.ctx.completed_in_transaction:
             # The completer decided: done, cancelled (requested while it ran) or refused (lease lost).
             if item.ctx.lease_lost:
@@ -800,13 +904,15 @@ class WorkerService(Service):
         deadline = time.monotonic() + self.settings.shutdown_grace
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._inflight:
+                if not self._inflight:  # returned jobs too: their completions are being written
                     break
             time.sleep(0.05)
         self.completer.stop()
         self.completer.join()
         with self._lock:
-            held = list(self._inflight.values())
+            # Returned jobs whose completion is still queued are not released (that would run them
+            # again): the flush below writes them, or their lease expires.
+            held = [i for i in self._inflight.values() if not i.completing]
         if self.execution == "process":
             # Children still running after the grace period are killed before their jobs are
             # released, so no handler runs on beside the next attempt. (Read the held jobs first:

@@ -405,3 +405,33 @@ def fenced_late(context: JobContext, key: str, sleep: float = 2.0) -> str:
         Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced", ok=False)
         raise exc
     return key
+
+
+@task(name="qa.returning", takes_context=True, max_attempts=5)
+def returning(context: JobContext, work: float = 0.0) -> int:
+    """A plain handler that returns a value (completed by the worker's batched completer, not by
+    ``fenced_atomic()``). It appends ``start`` and ``return`` lines to a ledger file in
+    ``QA_LEDGER_DIR`` (one file per process), outside the database: the lines are written even
+    while the database is unreachable, so a test can count every execution and every re-run of a
+    job whose handler had already returned."""
+    path = os.path.join(os.environ["QA_LEDGER_DIR"], f"{os.getpid()}.log")
+    with open(path, "a") as fh:
+        fh.write(f"start {context.job_id} {context.lease_version}\n")
+    if work:
+        time.sleep(work)
+    with open(path, "a") as fh:
+        fh.write(f"return {context.job_id} {context.lease_version}\n")
+    return context.job_id
+
+
+@task(name="qa.sized", takes_context=True, max_attempts=3)
+def sized(context: JobContext, n: int, fenced: bool = False) -> str:
+    """Return a string of ``n`` characters (``n + 2`` bytes of JSON); with ``fenced``, first
+    complete the job inside ``fenced_atomic()`` (an :class:`Effect`), so the value is the late
+    result stored after the fenced commit."""
+    _record(context, "sized")
+    if fenced:
+        with context.fenced_atomic():
+            Effect.objects.create(key=f"sized-{context.job_id}", job_id=context.job_id,
+                                  lease_version=context.lease_version)
+    return "x" * n

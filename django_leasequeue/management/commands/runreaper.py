@@ -23,7 +23,7 @@ class Command(BaseCommand):
 
         require_migrated()
         if options["once"]:
-            reaped = reaper.reap_once()
+            reaped = reaper.reap_once(once=True)
             pruned = reaper.prune_once(get_settings())
             unknown = reaper.dead_letter_unknown_tasks(get_settings())
             self.stdout.write(f"reaped {len(reaped)} expired lease(s), pruned {pruned} finished job(s), "

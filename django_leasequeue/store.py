@@ -401,7 +401,17 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
 # listed in the setting leasequeue.conc_closed (prefixed by the claim id), and their rows are
 # rejected by the inline strpos() before any function call: the look-ahead past a full key's
 # backlog costs about as much as reading the rows (~0.3 us each), not a plpgsql call per row.
-_CONC_ADMIT = """
+# The largest fencing token (migration 0004's leasequeue_job_lease_version_range). Every claim,
+# reap, release and replay adds 1, so a row written by hand with a token at (or next to) the bound
+# would make that statement refused by the constraint, for every row it writes: the claim of every
+# worker, every reaper sweep, a whole release. A claim therefore takes only rows whose token can
+# still take the claim and a reap or release (the others stay as they are, for an operator to read),
+# and the reaper and the release never go past the bound: such a row is dead-lettered instead.
+TOKEN_MAX = 4611686018427387904
+_TOKEN_ROOM = f"""
+          AND j.lease_version < {TOKEN_MAX - 1}"""
+
+_CONC_ADMIT = _TOKEN_ROOM + """
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.conc_closed', true),
@@ -1157,8 +1167,10 @@ JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
-                  WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN 'dead' ELSE 'ready' END,
+                  WHEN (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                       OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead' ELSE 'ready' END,
     finished_at = CASE WHEN j.cancel_requested OR (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                            OR j.lease_version >= {TOKEN_MAX - 2}
                        THEN clock.now ELSE NULL END,
     run_at = clock.now, leased_until = NULL,
     started_at = CASE WHEN j.attempts <= 1 AND NOT (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
@@ -1166,8 +1178,13 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     attempts = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN j.attempts
                     ELSE greatest(j.attempts - 1, 0) END,
     interruptions = CASE WHEN %(interrupted)s THEN j.interruptions + 1 ELSE j.interruptions END,
-    lease_version = j.lease_version + 1,
-    errors = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s AND NOT j.cancel_requested
+    lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+    errors = CASE WHEN j.lease_version >= {TOKEN_MAX - 2} AND NOT j.cancel_requested
+             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                 'attempt', j.attempts, 'type', 'CorruptRow',
+                 'message', 'fencing token ' || j.lease_version || ' at its bound: the job cannot be claimed again',
+                 'traceback', '', 'worker', j.leased_by, 'at', clock.now))
+             WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s AND NOT j.cancel_requested
              THEN j.errors || jsonb_build_array(jsonb_build_object(
                  'attempt', j.attempts, 'type', 'Interrupted',
                  'message', 'interrupted ' || (j.interruptions + 1) || ' times (' || %(reason)s::text
@@ -1287,10 +1304,12 @@ expired AS MATERIALIZED (
 )
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
-                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+                  WHEN j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead'
+                  ELSE 'ready' END,
     run_at = clock.now,
-    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts THEN clock.now ELSE NULL END,
-    lease_version = j.lease_version + 1,
+    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2}
+                       THEN clock.now ELSE NULL END,
+    lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempts, 'type', 'LeaseExpired',
@@ -2271,7 +2290,7 @@ keyed AS MATERIALIZED (
 ),
 replayed AS (
     UPDATE {JOB_TABLE} j
-    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = j.lease_version + 1,
+    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
         interruptions = 0, result = NULL,
         args = coalesce(%(args)s::jsonb, j.args),
@@ -2287,7 +2306,7 @@ replayed AS (
                ELSE '[]'::jsonb END
             || jsonb_build_array(jsonb_build_object(
                 'event', 'replayed', 'by', %(by)s::text, 'at', clock.now, 'from_status', j.status,
-                'attempts', j.attempts, 'token', j.lease_version + 1))
+                'attempts', j.attempts, 'token', least(j.lease_version + 1, {TOKEN_MAX})))
     FROM keyed k, clock
     WHERE j.id = k.id AND k.holder IS NULL AND (k.key_winner IS NULL OR k.key_winner = k.id)
       AND j.status IN ('dead', 'cancelled')

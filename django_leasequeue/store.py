@@ -1282,15 +1282,27 @@ def job_note_timed_out(job_id: int, version: int, *, worker: str, timeout: float
 # meanwhile and records the database as resumed now. For one lease period (the job's own) after
 # that, expired leases are left to their holders, whose heartbeats and completions, fenced on the
 # token rather than the clock, still succeed; a holder that really died is reaped one lease later.
-# The row lock serialises concurrent sweeps on the same decision.
+# The row lock serialises concurrent sweeps on the same decision. The record must not outrun the
+# clock: greatest() keeps the latest of two racing sweeps, but a recorded sweep (or resumption)
+# more than the silence ahead of the clock means the database clock was set back (it ran ahead, or
+# a failover reached a server whose clock is behind). Kept, it would stop every reaper from taking
+# back any expired lease until the clock caught up (for as long as the clock was wrong), and hide
+# every silence meanwhile; so the record starts again from the present clock, as after an outage
+# (expired leases wait one lease for their holders, then a dead holder's jobs are recovered).
 JOB_REAP = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 sweep AS MATERIALIZED (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
     ON CONFLICT (id) DO UPDATE SET
         resumed_at = CASE WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
-                          THEN EXCLUDED.last_sweep_at ELSE s.resumed_at END,
-        last_sweep_at = greatest(s.last_sweep_at, EXCLUDED.last_sweep_at)
+                            OR s.last_sweep_at > EXCLUDED.last_sweep_at + make_interval(secs => %(silence)s::float8)
+                          THEN EXCLUDED.last_sweep_at
+                          WHEN s.resumed_at > EXCLUDED.last_sweep_at THEN EXCLUDED.last_sweep_at
+                          ELSE s.resumed_at END,
+        last_sweep_at = CASE WHEN s.last_sweep_at > EXCLUDED.last_sweep_at
+                                                    + make_interval(secs => coalesce(%(silence)s::float8, 1))
+                             THEN EXCLUDED.last_sweep_at
+                             ELSE greatest(s.last_sweep_at, EXCLUDED.last_sweep_at) END
     RETURNING s.last_sweep_at, s.resumed_at
 ),
 expired AS MATERIALIZED (

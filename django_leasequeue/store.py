@@ -1772,11 +1772,17 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
 # index (the queues found by a skip scan of that index, one probe each), not the whole backlog.
 # The task name is only compared, never imported. Locked rows (a claim in flight) are skipped; the
 # status is re-checked under the lock, so a job claimed meanwhile is left alone.
+# Nobody judges for %(alive)s seconds after the database came back from a silence of every reaper
+# (the sweep record's resumed_at, real clock): an outage longer than that leaves every worker's row
+# stale at once, and the processes beat again one by one, so a worker that knows the task may
+# simply not have beaten yet.
 JOB_DEAD_LETTER_UNKNOWN = f"""
 WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
 live AS MATERIALIZED (
     SELECT p.queues, p.tasks, p.started_at FROM {PROCESS_TABLE} p, clock
     WHERE p.kind = 'worker' AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
+      AND NOT EXISTS (SELECT 1 FROM {SWEEP_TABLE} s
+                      WHERE s.resumed_at > clock_timestamp() - make_interval(secs => %(alive)s))
 ),
 ready_queues AS (
     (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' ORDER BY j.queue LIMIT 1)

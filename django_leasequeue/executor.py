@@ -349,16 +349,22 @@ class Executor:
             self._kill(proc)
         return len(procs)
 
-    def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str) -> str:
+    def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str, *,
+                       min_delay: float = 0.0) -> str:
         """Record the attempt of a handler stuck past its timeout as a :class:`JobTimedOut` failure
-        now, without waiting for it (the worker is exiting). Returns the outcome (see :meth:`run`)."""
+        now, without waiting for it (the worker is exiting). Returns the outcome (see :meth:`run`).
+
+        The stuck thread still runs until the process is gone, which takes a while after this
+        write (the worker's stop goes on, then the interpreter exits): ``min_delay`` (seconds, the
+        job's lease) keeps the retry from being due before then, however short the task's backoff,
+        so that no other worker starts it beside the stuck attempt."""
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
         try:
             delay = self._retry_delay(registry.get_task(job.task), job)
         except UnknownTask:
             delay = clamp_delay(self.default_backoff.delay(job.attempts))
-        return self._fail(job, ctx, JobTimedOut(message), retry_delay=delay, fields=fields)
+        return self._fail(job, ctx, JobTimedOut(message), retry_delay=max(delay, float(min_delay)), fields=fields)
 
     def _retry_delay(self, spec: Any, job: store.ClaimedJob) -> float:
         """The seconds before the retry of ``job``'s failed attempt, from the task's backoff option.

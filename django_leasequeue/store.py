@@ -1779,7 +1779,10 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
 JOB_DEAD_LETTER_UNKNOWN = f"""
 WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
 live AS MATERIALIZED (
-    SELECT p.queues, p.tasks, p.started_at FROM {PROCESS_TABLE} p, clock
+    -- A task list that is not a JSON list (a row written by another program) counts as none
+    -- recorded: such a worker may know every task, so its queues are not judged.
+    SELECT p.queues, CASE WHEN jsonb_typeof(p.tasks) = 'array' THEN p.tasks END AS tasks, p.started_at
+    FROM {PROCESS_TABLE} p, clock
     WHERE p.kind = 'worker' AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
       AND NOT EXISTS (SELECT 1 FROM {SWEEP_TABLE} s
                       WHERE s.resumed_at > clock_timestamp() - make_interval(secs => %(alive)s))

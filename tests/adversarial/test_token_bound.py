@@ -12,9 +12,9 @@ class) with the largest token the constraint accepts is therefore valid, and the
   the error (main: the claim raises; a ``--burst`` worker never drains the 5 innocent jobs);
 * ready with ``2**62 - 1``: claimed (token ``2**62``), then its reap or its release on a
   graceful stop is refused, with every other row of the same statement;
-* leased with ``2**62`` and an expired lease: every sweep of every reaper fails. The workers run
-  their sweep before their claim in the same loop iteration, so no worker claims anything
-  either, and no dead worker's job is ever recovered (main: the reaper raises).
+* leased with ``2**62`` and an expired lease: every sweep of every reaper fails, so no expired
+  lease is ever taken back again: no dead worker's job is recovered (main: the reaper raises; the
+  workers' claims go on, in the loop iterations between their sweeps).
 
 Now: the claim steps over rows whose token could not take a claim and a reap (they stay as they
 are, for an operator to read), and the reaper and the release never push a token past the bound:

@@ -1308,7 +1308,7 @@ sweep AS MATERIALIZED (
 expired AS MATERIALIZED (
     SELECT j.id FROM {JOB_TABLE} j, clock, sweep
     WHERE j.status = 'leased' AND j.leased_until < clock.now
-      AND (sweep.resumed_at IS NULL OR %(silence)s::float8 IS NULL OR sweep.last_sweep_at
+      AND (sweep.resumed_at IS NULL OR sweep.last_sweep_at
            >= sweep.resumed_at + make_interval(secs => coalesce(j.lease_seconds, %(lease)s::float8)))
     ORDER BY j.id
     LIMIT %(limit)s
@@ -1354,8 +1354,9 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: 
         now: the database time to judge expiry by (aware datetime; None: ``leasequeue_now()``).
         silence: seconds without any sweep after which the database is taken to have been
             unreachable for everyone; expired leases are then left to their holders for one lease
-            period (the job's ``lease_seconds``) from the sweep that noticed it. None: judge by
-            the clock alone (a one-off sweep, which has no cadence to measure a silence by).
+            period (the job's ``lease_seconds``) from the sweep that noticed it. None: a one-off
+            sweep, which has no cadence to measure a silence by: it never declares an outage
+            itself, but honours the window a periodic sweep recorded (else the clock decides).
         lease: seconds, the lease of jobs whose ``lease_seconds`` is null (the worker default).
     """
     with _cursor(alias) as cur:

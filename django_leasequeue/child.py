@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import json
 import signal
+import threading
 from typing import Any
 
 
@@ -35,6 +36,17 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
 
     registry.autodiscover()
     ctx = JobContext(**payload["ctx"])
+    try:
+        timeout = registry.get_task(payload["task"]).timeout
+    except Exception:  # noqa: BLE001 - an unknown task fails below, with its own error
+        timeout = None
+    if timeout:
+        # The worker kills this process at the timeout (SIGTERM, SIGKILL 2 s later). A handler
+        # that ignores SIGTERM runs on meanwhile: its context times out here too, started before
+        # the worker's clock, so fenced_atomic() refuses from then on, as in thread mode.
+        timer = threading.Timer(timeout, ctx.time_out)
+        timer.daemon = True
+        timer.start()
     conn.send(("started",))
     message: tuple[str, Any, bool]
     try:

@@ -435,3 +435,18 @@ def sized(context: JobContext, n: int, fenced: bool = False) -> str:
             Effect.objects.create(key=f"sized-{context.job_id}", job_id=context.job_id,
                                   lease_version=context.lease_version)
     return "x" * n
+
+
+@task(name="qa.adv_sigterm_fenced", takes_context=True, max_attempts=1, timeout=1)
+def adv_sigterm_fenced(context: JobContext, key: str, sleep: float = 1.5) -> str:
+    """Process mode only (it needs the main thread): ignore SIGTERM, as a handler that installs
+    its own handler may, sleep past the ``timeout=1``, then commit an :class:`Effect` inside
+    ``fenced_atomic()`` during the 2 s between the worker's SIGTERM and its SIGKILL."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _record(context, key)
+    time.sleep(sleep)
+    with context.fenced_atomic():
+        Effect.objects.create(key=key, job_id=context.job_id, lease_version=context.lease_version)
+    return key

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import signal
 import threading
 from typing import Any
@@ -25,6 +26,9 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     ``not_serializable`` (message) or ``raised`` (the error entry)."""
     import django
 
+    # A process group of its own: at the timeout the worker kills the group, so that subprocesses
+    # the handler started die with it (a Ctrl-C to the worker's group no longer reaches it either).
+    os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the group stops the worker, not the handler
     django.setup()
     from django.db import connections

@@ -25,6 +25,8 @@ import asyncio
 import inspect
 import logging
 import multiprocessing
+import os
+import signal
 import threading
 import time
 import traceback
@@ -58,6 +60,17 @@ MAX_TRACEBACK = 20000
 # handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
 CHILD_START_TIMEOUT = 120.0
 CHILD_TERM_GRACE = 2.0
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    """Send ``sig`` to the process group ``pgid`` (a process-mode child's own group); nothing when
+    it does not exist (any more, or yet)."""
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
 
 
 class ChildError(Exception):
@@ -341,11 +354,16 @@ class Executor:
 
     @staticmethod
     def _kill(proc: Any) -> None:
+        # The child runs in a process group of its own (child.main), so the handler's own
+        # subprocesses are signalled with it; before the child made its group (still starting),
+        # the group does not exist and only the child itself is signalled.
+        _signal_group(proc.pid, signal.SIGTERM)
         proc.terminate()
         proc.join(CHILD_TERM_GRACE)
         if proc.is_alive():  # SIGTERM ignored, or a handler holding the GIL never ran the handler
             proc.kill()
             proc.join()
+        _signal_group(proc.pid, signal.SIGKILL)  # subprocesses that outlived the child
 
     def kill_children(self) -> int:
         """Kill every running child process (process mode; the worker's graceful stop calls this

@@ -36,7 +36,15 @@ from django.db import DatabaseError
 from . import child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
-from .exceptions import JobCancelled, JobTimedOut, LeaseLost, PayloadNotSerializable, ResultTooLarge, Snooze, UnknownTask
+from .exceptions import (
+    JobCancelled,
+    JobTimedOut,
+    LeaseLost,
+    PayloadNotSerializable,
+    ResultTooLarge,
+    Snooze,
+    UnknownTask,
+)
 from .retry import Backoff, as_backoff, clamp_delay
 from .runtime import close_broken_connections, is_connection_error
 

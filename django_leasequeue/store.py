@@ -28,6 +28,7 @@ Rules every statement follows (DESIGN.md section 3):
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 import zoneinfo
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,6 +46,8 @@ from .models import Job, QueueState, ReaperSweep, Schedule, WorkerProcess
 
 if TYPE_CHECKING:
     from .conf import RateLimit
+
+logger = logging.getLogger("django_leasequeue.store")
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
@@ -665,11 +668,14 @@ class ClaimResult(list[ClaimedJob]):
     Attributes:
         throttled (dict[str, float]): rate-limited queues whose allowance this claim used up, with
             the seconds until one more claim is allowed (the oldest logged claim leaves the window).
+        corrupt (list[tuple[int, str, str]]): ``(job id, task, reason)`` of the claimed rows that
+            could not be decoded and were dead-lettered as ``CorruptRow`` instead (not in the list).
     """
 
     def __init__(self, jobs: Iterable[ClaimedJob] = (), throttled: Mapping[str, float] | None = None) -> None:
         super().__init__(jobs)
         self.throttled: dict[str, float] = dict(throttled or {})
+        self.corrupt: list[tuple[int, str, str]] = []
 
     @property
     def throttle_wait(self) -> float | None:
@@ -836,7 +842,7 @@ def _decode_claims(rows: Sequence[Sequence[Any]], alias: str, *, worker_id: str,
     """
     zone = _connection_zone(alias) if rows else None
     jobs = ClaimResult(throttled=throttled)
-    corrupt: list[tuple[int, int, str]] = []
+    corrupt: list[tuple[int, int, str, str]] = []
     for r in rows:
         try:
             job = _claimed(r)
@@ -846,18 +852,18 @@ def _decode_claims(rows: Sequence[Sequence[Any]], alias: str, *, worker_id: str,
             if zone is not None:
                 _to_zone(job, zone)
         except Exception as exc:  # noqa: BLE001 - one bad row harms only itself
-            corrupt.append((r[0], r[7], f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
+            corrupt.append((r[0], r[7], str(r[1]),
+                            f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
             continue
         jobs.append(job)
     if corrupt:
-        import logging
-
-        log = logging.getLogger("django_leasequeue.store")
         with _cursor(alias) as cur:
-            for job_id, version, reason in corrupt:
-                log.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
+            for job_id, version, task, reason in corrupt:
+                logger.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
                 cur.execute(JOB_DEAD_CORRUPT, {"now": now, "id": job_id, "version": version, "reason": reason,
                                                "worker": worker_id})
+                if cur.rowcount:
+                    jobs.corrupt.append((job_id, task, reason))
     return jobs
 
 
@@ -1294,7 +1300,7 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempts, 'type', 'LeaseExpired',
-        'message', 'lease expired: the worker died, hung past its timeout or lost the database',
+        'message', 'lease expired: the worker died, or was frozen or cut off from the database past its lease',
         'traceback', '', 'worker', j.leased_by, 'at', clock.now))
 FROM expired, clock
 WHERE j.id = expired.id AND j.status = 'leased' AND j.leased_until < clock.now

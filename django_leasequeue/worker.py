@@ -793,6 +793,8 @@ class WorkerService(Service):
             want = self.concurrency + extra - held
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.claim_tasks())
+        for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
+            signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
         self.claimed += len(jobs)
         items = [self._hold(job) for job in jobs]
         with self._lock:

@@ -11,10 +11,7 @@ every worker dying).
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -25,10 +22,8 @@ from django.db import connection
 
 from django_leasequeue import enqueue_many
 from django_leasequeue.models import Job
-from tests.chaos.cluster import throwaway_cluster, unavailable
 from tests.chaos.harness import Fleet, record, remaining, scaled
-from tests.chaos.test_pg_restart import _try_db_now, default_connection_on
-from tests.conftest import MANAGE, ROOT
+from tests.chaos.test_pg_restart import _try_db_now, migrated_cluster
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
@@ -111,16 +106,7 @@ def test_postgresql_restart_reruns_no_returned_job(spawn, tmp_path, down):
     """A fast stop with the server down for 15 s, five leases, before it starts again. (The 15 s and
     45 s outages with a producer, and ``pg_ctl restart -m fast``, run on both workloads with the
     database ledger in ``test_outage.py`` and ``test_pg_restart.py``.)"""
-    reason = unavailable()
-    if reason:
-        pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
-    with throwaway_cluster() as cluster:
-        cluster.createdb(DBNAME)
-        env = cluster.env(DBNAME)
-        migrate = subprocess.run([sys.executable, str(MANAGE), "migrate", "-v", "0"], cwd=str(ROOT),
-                                 env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
-        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-
+    with migrated_cluster(DBNAME) as (cluster, env):
         def restart(ids: list[int]) -> None:
             if down:
                 cluster._run("pg_ctl", "-D", str(cluster.data), "-m", "fast", "-w", "-t", "60", "stop")
@@ -132,7 +118,6 @@ def test_postgresql_restart_reruns_no_returned_job(spawn, tmp_path, down):
             wait_for(_try_db_now, timeout=60, interval=0.1, what="the server to accept connections")
 
         what = f"fast stop, {down} s down, start" if down else "pg_ctl restart -m fast"
-        with default_connection_on(cluster, DBNAME):
-            run_returning(spawn, tmp_path, key=f"pg_restart{down or ''}_returning", env=env, inject=restart,
-                          fault=f"PostgreSQL restart ({what}) of a throwaway cluster, 3 workers, lease 3 s, "
-                                "plain returning handlers (batched completer)")
+        run_returning(spawn, tmp_path, key=f"pg_restart{down or ''}_returning", env=env, inject=restart,
+                      fault=f"PostgreSQL restart ({what}) of a throwaway cluster, 3 workers, lease 3 s, "
+                            "plain returning handlers (batched completer)")

@@ -575,6 +575,8 @@ class Checks:
             window when taking the snapshot).
         min_workers: alive worker processes (per queue: alive workers serving it).
         max_scheduler_lag: seconds since the last scheduler tick; no tick at all is critical.
+        max_stuck: stuck handlers (past their task's timeout, still running) in alive workers,
+            the whole system's count (a worker cannot be attributed to one queue).
         queues: check these queues one by one; empty: check the whole system (oldest age is the
             worst queue's, dead letters the sum, workers every alive worker).
         ignore_paused: leave paused queues out of the oldest-age check (an operator stopped them).
@@ -584,6 +586,7 @@ class Checks:
     max_dead: Threshold | None = None
     min_workers: Threshold | None = None
     max_scheduler_lag: Threshold | None = None
+    max_stuck: Threshold | None = None
     queues: tuple[str, ...] = ()
     ignore_paused: bool = False
 
@@ -665,6 +668,10 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
                    else f"last scheduler tick {_fmt(lag)} s ago")
         results.append(CheckResult("scheduler_lag", "*", lag, checks.max_scheduler_lag,
                                    checks.max_scheduler_lag.level(lag), message, "s"))
+    if checks.max_stuck is not None:
+        stuck = float(snap.stuck_handlers)
+        results.append(CheckResult("stuck_handlers", "*", stuck, checks.max_stuck, checks.max_stuck.level(stuck),
+                                   f"{snap.stuck_handlers} handler(s) stuck past their task's timeout"))
     return results
 
 

@@ -235,8 +235,9 @@ class LeaseQueueTask(_TaskBase):
         backoff: retry delay: a :class:`~django_leasequeue.retry.Backoff`, the base delay in
             seconds, or a callable ``attempt -> seconds``.
         lease (float | timedelta | None): lease length (seconds); heartbeats renew it.
-        timeout (float | timedelta | None): seconds after which heartbeats stop, so a hung task
-            loses its lease and is retried elsewhere.
+        timeout (float | timedelta | None): seconds one attempt may run. In thread mode a task
+            past it keeps its thread's slot and its job's lease until it returns, then fails as
+            ``JobTimedOut``; ``EXECUTION = "process"`` kills it at the timeout.
         unique_key (str | callable | None): idempotency key computed per enqueue: a
             ``str.format`` template over the task's arguments (``"invoice:{0}:{period}"``; double
             the braces for literal ones) or a callable taking the task's arguments. A duplicate

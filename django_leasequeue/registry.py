@@ -96,8 +96,11 @@ class Task(Generic[P, R]):
         max_attempts (int | None): claims before dead-lettering; None means the setting.
         backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``.
         lease (float | None): lease length in seconds; None means the worker's default.
-        timeout (float | None): seconds after which heartbeats stop, so a hung handler loses its
-            lease and the job is retried elsewhere. None: no timeout.
+        timeout (float | None): seconds one attempt may run, counted from the handler's start.
+            In thread mode a handler past it keeps its thread's slot and its job's lease until it
+            returns; the attempt is recorded as timed out and ends as a ``JobTimedOut`` failure
+            (a late return value is discarded). ``EXECUTION = "process"`` kills the handler at the
+            timeout instead. None: no timeout.
         takes_context (bool): the handler's first parameter receives the :class:`JobContext`.
         manual_heartbeat (bool): renew only when the handler calls ``context.heartbeat()``
             ("alive is not progressing").
@@ -208,7 +211,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
             None means the ``BACKOFF_*`` settings.
         lease: lease length in seconds; None means the worker's default (``LEASE``).
-        timeout: seconds after which heartbeats stop (see :class:`Task`); None: no timeout.
+        timeout: seconds one attempt may run; past it the attempt fails as ``JobTimedOut`` (see
+            :class:`Task`). None: no timeout.
         takes_context: pass the :class:`~django_leasequeue.context.JobContext` as first argument.
         manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
         concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.

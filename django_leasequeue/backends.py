@@ -196,13 +196,9 @@ class _Options:
 
 
 def _seconds(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{what} must be seconds or a timedelta, got {value!r}")
-    return float(value)
+    # One wording for a wrongly typed duration, here and in @task of the native API.
+    seconds = registry.seconds_option(value, what, ConfigurationError)
+    return None if seconds is None else float(seconds)
 
 
 def _options_of(task: Task[..., Any]) -> _Options:

@@ -198,7 +198,8 @@ def to_seconds(value: float | int | timedelta | None, name: str) -> float | None
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"LEASEQUEUE[{name!r}] must be seconds or a timedelta, got {value!r}")
+        raise ConfigurationError(f"LEASEQUEUE[{name!r}] must be a number of seconds (int or float) or a timedelta, "
+                                 f"got {value!r}")
     return float(value)
 
 

@@ -147,3 +147,24 @@ def test_timeout_settings_defaults():
     assert (settings.execution, settings.stuck_handlers_max, settings.stuck_exit_after, settings.max_interruptions) \
         == ("thread", None, 120.0, 5)
     assert build({"STUCK_EXIT_AFTER": None, "EXECUTION": "process"}).stuck_exit_after is None
+
+
+@pytest.mark.parametrize(("ids", "why", "outcome"), [
+    ([9], "1 handler stuck past its timeout (STUCK_HANDLERS_MAX: 1)", "(job 9 fails as JobTimedOut and is retried)"),
+    ([9, 10], "2 handlers stuck past their timeout (STUCK_HANDLERS_MAX: 2)",
+     "(jobs 9, 10 fail as JobTimedOut and are retried)"),
+])
+def test_the_stuck_handler_exit_line_says_job_or_jobs(monkeypatch, caplog, ids, why, outcome):
+    """One stuck job was logged as "jobs 9 fail as JobTimedOut"."""
+    from types import SimpleNamespace
+
+    from django_leasequeue.worker import EXIT_STUCK, WorkerService
+
+    worker = WorkerService(concurrency=len(ids), burst=True, notify=False, reap=False)
+    stuck = [SimpleNamespace(job=SimpleNamespace(id=i), deadline=0.0, timed_out=True) for i in ids]
+    monkeypatch.setattr(worker, "stuck", lambda: stuck)
+    with caplog.at_level("ERROR", logger="django_leasequeue"):
+        assert worker.check_stuck(now=1.0)
+    assert worker.exit_code == EXIT_STUCK
+    (line,) = [r.getMessage() for r in caplog.records if "stopping gracefully" in r.getMessage()]
+    assert why in line and line.endswith(outcome), line

@@ -44,6 +44,18 @@ def test_interrupted_attempts_are_refunded_max_interruptions_times_then_dead_let
     assert (row.status, row.attempts, row.interruptions) == ("ready", 0, 0)
 
 
+def test_max_interruptions_of_0_dead_letters_at_the_first_interruption():
+    """The settings reference says so: 0 refunds no interrupted attempt."""
+    assert build({"MAX_INTERRUPTIONS": 0}).max_interruptions == 0
+    job = enqueue("qa.record", ["once"])
+    (claimed,) = claim()
+    released = store.job_release([(claimed.id, claimed.lease_version)], interrupted=True, max_interruptions=0)
+    assert released.dead == {job.id}
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.attempts, row.interruptions) == ("dead", 1, 1)
+    assert row.errors[0]["type"] == "Interrupted"
+
+
 def test_prefetched_jobs_that_never_ran_are_released_freely():
     job = enqueue("qa.record", ["prefetched"])
     for _ in range(8):

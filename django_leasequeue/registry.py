@@ -131,7 +131,8 @@ class Task(Generic[P, R]):
         return self.func(*args, **kwargs)
 
     def using(self, **options: Unpack[UsingOptions]) -> Task[P, R]:
-        """Return a copy with other options for the jobs it enqueues (``run_at``, ``queue``,
+        """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime
+        within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
         int or float, or a ``datetime.timedelta``, stored as seconds).
 
@@ -693,7 +694,9 @@ def _check_name(value: Any, what: str, max_length: int) -> None:
 # the end of year 9999 in a zone west of UTC) is written, then cannot be read back, so enqueue would
 # raise after the INSERT and every page listing the job would fail. A day of margin on each side
 # keeps the value printable in every time zone (UTC-12 to UTC+14).
+#: The earliest ``run_at`` accepted (UTC).
 RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+#: The latest ``run_at`` accepted (UTC): the end of 9999-12-30.
 RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
 
 
@@ -867,7 +870,9 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         task_or_name: a :class:`Task` or a registered task name.
         args: the handler's positional arguments; they must round-trip through JSON unchanged.
         kwargs: the handler's keyword arguments; the same rule.
-        run_at: aware datetime, or a timedelta from the database clock; default: due now.
+        run_at: an aware datetime within 0001-01-02 .. 9999-12-30 in UTC (``registry.RUN_AT_MIN``,
+            ``registry.RUN_AT_MAX``), or a timedelta from the database clock of at most 100 years
+            either way; default: due now.
         queue: overrides the task's queue.
         priority: overrides the task's priority (-100..100).
         max_attempts: overrides the task's ``max_attempts``.
@@ -882,7 +887,8 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
         ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
-        EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
+        EnqueueError: naive ``run_at`` or one outside its range, priority outside -100..100,
+            unknown queue, bad unique key. Nothing is written.
         UnknownTask: ``task_or_name`` is a name nobody registered.
         django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
             transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed

@@ -1881,8 +1881,9 @@ def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, tim
         worker: the worker id (``host:pid:name``).
         write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
             or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
-        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
-            passed), so the loss is the designed outcome for a hung handler, not an accident.
+        timed_out: True when the attempt had already timed out (its handler ran past the task's
+            timeout; the worker still renewed its lease), so the lease report does not count the
+            loss as one "while healthy".
 
     Returns:
         True when the note was written; False when it already existed, the row is locked by

@@ -800,9 +800,9 @@ class TaskLeaseStats:
         lease_expired: leases of the task the reaper took back in the window (``LeaseExpired``).
         fence_rejected: attempts whose worker, still running, had a write refused because its
             fencing token was stale (the worker outlived its lease).
-        lost_while_healthy: the part of ``fence_rejected`` where the worker had not stopped
-            renewing on purpose (the task's timeout had not passed): the lease expired although
-            the handler was within its budget and its worker alive.
+        lost_while_healthy: the part of ``fence_rejected`` whose attempt had not timed out (no
+            ``timed_out`` history entry for its token): the lease expired although the handler
+            was within its budget and its worker alive.
         registered: the task name is known to this process's registry.
         timeout: the registered timeout, or None.
         lease: the lease its jobs get (the task's ``lease`` or ``LEASEQUEUE["LEASE"]``).
@@ -844,8 +844,8 @@ def recommend(*, p99: float | None, max_runtime: float | None, lease: float, man
               lost_while_healthy: int) -> tuple[float | None, float]:
     """The lease-advice rule: a timeout and a lease for one task, from its runtime distribution.
 
-    * **timeout** = ``ceil(max(2 * p99, 1.25 * max, 1))`` seconds. Past its timeout a handler
-      stops renewing its lease, so the timeout must sit above the normal tail with room to spare:
+    * **timeout** = ``ceil(max(2 * p99, 1.25 * max, 1))`` seconds. Past its timeout an attempt
+      fails as ``JobTimedOut``, so the timeout must sit above the normal tail with room to spare:
       twice the p99 absorbs a tail that doubles under load, and 1.25 times the slowest successful
       run keeps every run seen in the window alive. None without runtimes.
     * **lease**: with automatic renewal (every lease / 3) the lease does not have to cover the

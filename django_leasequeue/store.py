@@ -1881,8 +1881,9 @@ def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, tim
         worker: the worker id (``host:pid:name``).
         write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
             or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
-        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
-            passed), so the loss is the designed outcome for a hung handler, not an accident.
+        timed_out: True when the attempt had already timed out (its handler ran past the task's
+            timeout; the worker still renewed its lease), so the lease report does not count the
+            loss as one "while healthy".
 
     Returns:
         True when the note was written; False when it already existed, the row is locked by
@@ -2210,6 +2211,46 @@ def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | 
         cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
         written: int = cur.rowcount
         return written == 1
+
+
+# A late return value (after fenced_atomic() marked the job done) that could not be stored: the
+# completion stands, so the only trace the job's row can carry is this history entry. Fenced on the
+# token and on 'done', as JOB_SET_RESULT is: a job that was since replayed is not annotated.
+JOB_NOTE_RESULT_DROPPED = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET history = j.history || jsonb_build_array(jsonb_build_object(
+    'event', 'result_dropped', 'token', j.lease_version, 'reason', %(reason)s::text,
+    'size', %(size)s::bigint, 'limit', %(limit)s::bigint, 'at', clock.now))
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'done'
+RETURNING j.id
+"""
+
+
+def job_note_result_dropped(job_id: int, version: int, *, reason: str, size: int | None = None,
+                            limit: int | None = None, now: datetime | None = None,
+                            alias: str | None = None) -> bool:
+    """Record that the return value of a job done through ``fenced_atomic()`` was not stored.
+
+    Appends ``{"event": "result_dropped", "token", "reason", "size", "limit", "at"}`` to the job's
+    history (``at``: database time); status, result and token are unchanged.
+
+    Args:
+        job_id: the job.
+        version: the fencing token (``lease_version``) the job was completed under.
+        reason: why the value was dropped (the error's message), e.g. a ``ResultTooLarge`` text.
+        size: the UTF-8 size of the value's JSON in bytes, or None when it has none (not JSON).
+        limit: the ``MAX_RESULT_BYTES`` limit in bytes that refused it, or None.
+        now: the database time to record (tests); None: the database clock.
+
+    Returns:
+        True when written; False when the job is not done under that token (nothing written).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_NOTE_RESULT_DROPPED, {"now": now, "id": job_id, "version": version, "reason": reason,
+                                              "size": size, "limit": limit})
+        return cur.fetchone() is not None
 
 
 # Read one job by primary key (no lock): the tasks backend's get_result and the start of each

@@ -196,13 +196,9 @@ class _Options:
 
 
 def _seconds(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{what} must be seconds or a timedelta, got {value!r}")
-    return float(value)
+    # One wording for a wrongly typed duration, here and in @task of the native API.
+    seconds = registry.seconds_option(value, what, ConfigurationError)
+    return None if seconds is None else float(seconds)
 
 
 def _options_of(task: Task[..., Any]) -> _Options:
@@ -235,8 +231,9 @@ class LeaseQueueTask(_TaskBase):
         backoff: retry delay: a :class:`~django_leasequeue.retry.Backoff`, the base delay in
             seconds, or a callable ``attempt -> seconds``.
         lease (float | timedelta | None): lease length (seconds); heartbeats renew it.
-        timeout (float | timedelta | None): seconds after which heartbeats stop, so a hung task
-            loses its lease and is retried elsewhere.
+        timeout (float | timedelta | None): seconds one attempt may run. In thread mode a task
+            past it keeps its thread's slot and its job's lease until it returns, then fails as
+            ``JobTimedOut``; ``EXECUTION = "process"`` kills it at the timeout.
         unique_key (str | callable | None): idempotency key computed per enqueue: a
             ``str.format`` template over the task's arguments (``"invoice:{0}:{period}"``; double
             the braces for literal ones) or a callable taking the task's arguments. A duplicate

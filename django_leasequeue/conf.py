@@ -89,13 +89,17 @@ def parse_queue_list(text: str | None, what: str = "--queues") -> list[str] | No
 
     Raises:
         ConfigurationError: a name that is not a valid queue name (:func:`queue_name_problem`),
-            such as an empty item (``"a,,b"``) or ``*`` among other names.
+            such as an empty item (``"a,,b"``), or ``*`` among other names (it must stand alone).
     """
     if text is None or text.strip() in ("", "*"):
         return None
     names: list[str] = []
     for item in text.split(","):
         name = item.strip()
+        if name == "*":
+            # "*" is not a queue name but the whole selection: "queue '*' contains '*'" misled.
+            raise ConfigurationError(f"{what}: '*' (every queue) must stand alone, not be listed with other "
+                                     f"queues; got {text!r}: pass '*' alone, or only queue names")
         problem = queue_name_problem(name, f"{what}: queue")
         if problem:
             raise ConfigurationError(problem)
@@ -198,7 +202,8 @@ def to_seconds(value: float | int | timedelta | None, name: str) -> float | None
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"LEASEQUEUE[{name!r}] must be seconds or a timedelta, got {value!r}")
+        raise ConfigurationError(f"LEASEQUEUE[{name!r}] must be a number of seconds (int or float) or a timedelta, "
+                                 f"got {value!r}")
     return float(value)
 
 

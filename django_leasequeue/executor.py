@@ -242,16 +242,10 @@ class Executor:
             return self._fail(job, ctx, exc, retry_delay=self._retry_delay(spec, job), fields=fields)
         if ctx.completed_in_transaction:
             # fenced_atomic() marked the job done before the handler returned: store the return
-            # value now, fenced on the same token (a JSON-incompatible value is logged, not fatal:
-            # the work is committed).
+            # value now, fenced on the same token. A value that cannot be stored is not fatal (the
+            # work is committed), but the job's history says why its result is empty.
             if result is not None:
-                try:
-                    late_json = registry.json_dumps_result(result)
-                    check_result_size(late_json, self.settings.max_result_bytes)
-                    with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, late_json,
-                                                                alias=self.alias))
-                except (PayloadNotSerializable, ResultTooLarge, DatabaseError):
-                    logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)
+                self._store_late_result(job, result)
             signals.emit("succeeded", **fields)
             return "done"
         try:
@@ -264,6 +258,35 @@ class Executor:
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
         self.complete(ctx, result_json)
         return "done"
+
+    def _store_late_result(self, job: store.ClaimedJob, result: Any) -> None:
+        """Store the return value of a job ``fenced_atomic()`` already completed, or note why not.
+
+        A value that is not JSON (:class:`PayloadNotSerializable`) or over ``MAX_RESULT_BYTES``
+        (:class:`ResultTooLarge`) is logged and recorded as a ``result_dropped`` history entry
+        (with its size and the limit in bytes, when known); a database error is only logged, since
+        the same database would refuse the note too.
+        """
+        try:
+            late_json = registry.json_dumps_result(result)
+            check_result_size(late_json, self.settings.max_result_bytes)
+            with_reconnect(lambda: store.job_set_result(job.id, job.lease_version, late_json, alias=self.alias))
+            return
+        except (PayloadNotSerializable, ResultTooLarge) as exc:
+            logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)
+            dropped = exc
+        except DatabaseError:
+            logger.exception("job %s: could not store the return value after fenced_atomic()", job.id)
+            return
+        size = dropped.size if isinstance(dropped, ResultTooLarge) else None
+        limit = dropped.limit if isinstance(dropped, ResultTooLarge) else None
+        entry = describe_error(dropped, attempt=job.attempts, worker=self.worker_id)  # storable text
+        reason = f"{type(dropped).__name__}: {entry['message']}"
+        try:
+            with_reconnect(lambda: store.job_note_result_dropped(job.id, job.lease_version, reason=reason,
+                                                                 size=size, limit=limit, alias=self.alias))
+        except DatabaseError:
+            logger.exception("job %s: could not record the dropped return value", job.id)
 
     def _call_timed(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, child: bool) -> Any:
         """Call the handler; once it returns or raises, a handler that ran past its timeout (the

@@ -575,6 +575,8 @@ class Checks:
             window when taking the snapshot).
         min_workers: alive worker processes (per queue: alive workers serving it).
         max_scheduler_lag: seconds since the last scheduler tick; no tick at all is critical.
+        max_stuck: stuck handlers (past their task's timeout, still running) in alive workers,
+            the whole system's count (a worker cannot be attributed to one queue).
         queues: check these queues one by one; empty: check the whole system (oldest age is the
             worst queue's, dead letters the sum, workers every alive worker).
         ignore_paused: leave paused queues out of the oldest-age check (an operator stopped them).
@@ -584,6 +586,7 @@ class Checks:
     max_dead: Threshold | None = None
     min_workers: Threshold | None = None
     max_scheduler_lag: Threshold | None = None
+    max_stuck: Threshold | None = None
     queues: tuple[str, ...] = ()
     ignore_paused: bool = False
 
@@ -665,6 +668,10 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
                    else f"last scheduler tick {_fmt(lag)} s ago")
         results.append(CheckResult("scheduler_lag", "*", lag, checks.max_scheduler_lag,
                                    checks.max_scheduler_lag.level(lag), message, "s"))
+    if checks.max_stuck is not None:
+        stuck = float(snap.stuck_handlers)
+        results.append(CheckResult("stuck_handlers", "*", stuck, checks.max_stuck, checks.max_stuck.level(stuck),
+                                   f"{snap.stuck_handlers} handler(s) stuck past their task's timeout"))
     return results
 
 
@@ -793,9 +800,9 @@ class TaskLeaseStats:
         lease_expired: leases of the task the reaper took back in the window (``LeaseExpired``).
         fence_rejected: attempts whose worker, still running, had a write refused because its
             fencing token was stale (the worker outlived its lease).
-        lost_while_healthy: the part of ``fence_rejected`` where the worker had not stopped
-            renewing on purpose (the task's timeout had not passed): the lease expired although
-            the handler was within its budget and its worker alive.
+        lost_while_healthy: the part of ``fence_rejected`` whose attempt had not timed out (no
+            ``timed_out`` history entry for its token): the lease expired although the handler
+            was within its budget and its worker alive.
         registered: the task name is known to this process's registry.
         timeout: the registered timeout, or None.
         lease: the lease its jobs get (the task's ``lease`` or ``LEASEQUEUE["LEASE"]``).
@@ -837,8 +844,8 @@ def recommend(*, p99: float | None, max_runtime: float | None, lease: float, man
               lost_while_healthy: int) -> tuple[float | None, float]:
     """The lease-advice rule: a timeout and a lease for one task, from its runtime distribution.
 
-    * **timeout** = ``ceil(max(2 * p99, 1.25 * max, 1))`` seconds. Past its timeout a handler
-      stops renewing its lease, so the timeout must sit above the normal tail with room to spare:
+    * **timeout** = ``ceil(max(2 * p99, 1.25 * max, 1))`` seconds. Past its timeout an attempt
+      fails as ``JobTimedOut``, so the timeout must sit above the normal tail with room to spare:
       twice the p99 absorbs a tail that doubles under load, and 1.25 times the slowest successful
       run keeps every run seen in the window alive. None without runtimes.
     * **lease**: with automatic renewal (every lease / 3) the lease does not have to cover the

@@ -64,7 +64,8 @@ class JobOptions(TypedDict, total=False):
 
 
 class UsingOptions(TypedDict, total=False):
-    """Options :meth:`Task.using` accepts (all optional; see :func:`enqueue`). ``lease`` is in seconds."""
+    """Options :meth:`Task.using` accepts (all optional; see :func:`enqueue`). ``lease`` is in seconds
+    (int or float) or a ``datetime.timedelta``."""
 
     run_at: datetime | timedelta | None
     queue: str | None
@@ -72,7 +73,7 @@ class UsingOptions(TypedDict, total=False):
     unique_key: str | None
     unique_scope: str
     max_attempts: int | None
-    lease: float | None
+    lease: float | timedelta | None
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,11 @@ class Task(Generic[P, R]):
         max_attempts (int | None): claims before dead-lettering; None means the setting.
         backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``.
         lease (float | None): lease length in seconds; None means the worker's default.
-        timeout (float | None): seconds after which heartbeats stop, so a hung handler loses its
-            lease and the job is retried elsewhere. None: no timeout.
+        timeout (float | None): seconds one attempt may run, counted from the handler's start.
+            In thread mode a handler past it keeps its thread's slot and its job's lease until it
+            returns; the attempt is recorded as timed out and ends as a ``JobTimedOut`` failure
+            (a late return value is discarded). ``EXECUTION = "process"`` kills the handler at the
+            timeout instead. None: no timeout.
         takes_context (bool): the handler's first parameter receives the :class:`JobContext`.
         manual_heartbeat (bool): renew only when the handler calls ``context.heartbeat()``
             ("alive is not progressing").
@@ -127,8 +131,10 @@ class Task(Generic[P, R]):
         return self.func(*args, **kwargs)
 
     def using(self, **options: Unpack[UsingOptions]) -> Task[P, R]:
-        """Return a copy with other options for the jobs it enqueues (``run_at``, ``queue``,
-        ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds).
+        """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime
+        within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
+        ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
+        int or float, or a ``datetime.timedelta``, stored as seconds).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -141,8 +147,11 @@ class Task(Generic[P, R]):
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-        _check_using(self.name, dict(options))
-        return dataclasses.replace(self, **options)
+        checked: dict[str, Any] = dict(options)
+        if "lease" in checked:
+            checked["lease"] = seconds_option(checked["lease"], f"task {self.name!r}: lease", EnqueueError)
+        _check_using(self.name, checked)
+        return dataclasses.replace(self, **checked)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Enqueue one job of this task in the caller's transaction. See :func:`enqueue`."""
@@ -165,32 +174,34 @@ def task(func: Callable[P, R], /) -> Task[P, R]: ...
 
 @overload
 def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
-         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
-         timeout: float | None = None, takes_context: Literal[False] = False, manual_heartbeat: bool = False,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: Literal[False] = False,
+         manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 @overload
 def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
-         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
-         timeout: float | None = None, takes_context: Literal[True], manual_heartbeat: bool = False,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: Literal[True], manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
 @overload
 def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
-         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | None = None,
-         timeout: float | None = None, takes_context: bool, manual_heartbeat: bool = False,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: bool, manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
 
 
 def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
          priority: int = 0, max_attempts: int | None = None, backoff: BackoffLike | None = None,
-         lease: float | None = None, timeout: float | None = None, takes_context: bool = False,
-         manual_heartbeat: bool = False, concurrency_key: str | Callable[..., str] | None = None,
+         lease: float | timedelta | None = None, timeout: float | timedelta | None = None,
+         takes_context: bool = False, manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
     """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
 
@@ -207,8 +218,10 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         max_attempts: claims before dead-lettering (>= 1); None means the setting.
         backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
             None means the ``BACKOFF_*`` settings.
-        lease: lease length in seconds; None means the worker's default (``LEASE``).
-        timeout: seconds after which heartbeats stop (see :class:`Task`); None: no timeout.
+        lease: lease length, seconds (int or float) or a ``datetime.timedelta``; None means the
+            worker's default (``LEASE``).
+        timeout: how long one attempt may run, seconds (int or float) or a ``datetime.timedelta``;
+            past it the attempt fails as ``JobTimedOut`` (see :class:`Task`). None: no timeout.
         takes_context: pass the :class:`~django_leasequeue.context.JobContext` as first argument.
         manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
         concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.
@@ -223,12 +236,14 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
 
     def register(fn: Callable[..., Any]) -> Task[..., Any]:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease, timeout=timeout,
+        lease_s = seconds_option(lease, f"task {task_name!r}: lease", ConfigurationError)
+        timeout_s = seconds_option(timeout, f"task {task_name!r}: timeout", ConfigurationError)
+        check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease_s, timeout=timeout_s,
                            backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                            queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
         spec: Task[..., Any] = Task(
             func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
-            lease=lease, timeout=timeout, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
+            lease=lease_s, timeout=timeout_s, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
         )
         register_task(spec)
@@ -237,8 +252,33 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
     return register(func) if func is not None else register
 
 
+def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:
+    """A duration option as seconds: ``value`` unchanged when a number, converted when a timedelta.
+
+    Args:
+        value: None, a number of seconds (int or float, not bool) or a ``datetime.timedelta``.
+        what: how to name the option in the message (e.g. ``"task 'x': timeout"``).
+        error: the exception class to raise (``ConfigurationError`` at declaration,
+            ``EnqueueError`` in :meth:`Task.using`).
+
+    Returns:
+        None for None, else the seconds (a float for a timedelta; the range is checked elsewhere).
+
+    Raises:
+        error: ``value`` is of another type (a str such as ``"5"``, a bool).
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{what} must be a number of seconds (int or float) or a timedelta, got {value!r}")
+    return value
+
+
 def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int | None = None,
-                       lease: float | None = None, timeout: float | None = None, backoff: Any = None,
+                       lease: float | timedelta | None = None, timeout: float | timedelta | None = None,
+                       backoff: Any = None,
                        concurrency_key: Any = None, concurrency_limit: int | None = None,
                        queue: str | None = None, takes_context: bool = False,
                        manual_heartbeat: bool = False) -> None:
@@ -247,7 +287,8 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
     Args:
         task_name: the registry name (a non-empty str of at most 255 characters, no NUL).
         priority: int, -100..100. max_attempts: int from 1 to ``MAX_ATTEMPTS_LIMIT`` or None.
-        lease: seconds in (0, 7 days] or None. timeout: finite seconds > 0 or None.
+        lease: seconds (int, float or timedelta) in (0, 7 days] or None.
+        timeout: finite seconds (int, float or timedelta) > 0 or None.
         backoff: a :class:`~django_leasequeue.retry.Backoff`, a number of seconds from 0 to 100
             years, a callable ``attempt -> seconds``, or None.
         concurrency_key: a ``str.format`` template or a callable, with ``concurrency_limit`` (an
@@ -267,9 +308,10 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
                                      or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
         raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
                                  f"got {max_attempts!r}")
+    lease = seconds_option(lease, f"task {task_name!r}: lease", ConfigurationError)
+    timeout = seconds_option(timeout, f"task {task_name!r}: timeout", ConfigurationError)
     for option, value in (("lease", lease), ("timeout", timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
+        if value is not None and (not math.isfinite(value) or value <= 0):
             raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
     if lease is not None and lease > MAX_LEASE_SECONDS:
         # Every enqueue would refuse it (see _check_lease): say so at declaration.
@@ -652,7 +694,9 @@ def _check_name(value: Any, what: str, max_length: int) -> None:
 # the end of year 9999 in a zone west of UTC) is written, then cannot be read back, so enqueue would
 # raise after the INSERT and every page listing the job would fail. A day of margin on each side
 # keeps the value printable in every time zone (UTC-12 to UTC+14).
+#: The earliest ``run_at`` accepted (UTC).
 RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+#: The latest ``run_at`` accepted (UTC): the end of 9999-12-30.
 RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
 
 
@@ -826,7 +870,9 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         task_or_name: a :class:`Task` or a registered task name.
         args: the handler's positional arguments; they must round-trip through JSON unchanged.
         kwargs: the handler's keyword arguments; the same rule.
-        run_at: aware datetime, or a timedelta from the database clock; default: due now.
+        run_at: an aware datetime within 0001-01-02 .. 9999-12-30 in UTC (``registry.RUN_AT_MIN``,
+            ``registry.RUN_AT_MAX``), or a timedelta from the database clock of at most 100 years
+            either way; default: due now.
         queue: overrides the task's queue.
         priority: overrides the task's priority (-100..100).
         max_attempts: overrides the task's ``max_attempts``.
@@ -841,7 +887,8 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
         ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
-        EnqueueError: naive ``run_at``, priority outside -100..100, unknown queue, bad unique key.
+        EnqueueError: naive ``run_at`` or one outside its range, priority outside -100..100,
+            unknown queue, bad unique key. Nothing is written.
         UnknownTask: ``task_or_name`` is a name nobody registered.
         django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
             transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed

@@ -28,6 +28,7 @@ Rules every statement follows (DESIGN.md section 3):
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 import zoneinfo
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,6 +46,8 @@ from .models import Job, QueueState, ReaperSweep, Schedule, WorkerProcess
 
 if TYPE_CHECKING:
     from .conf import RateLimit
+
+logger = logging.getLogger("django_leasequeue.store")
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
@@ -675,11 +678,14 @@ class ClaimResult(list[ClaimedJob]):
     Attributes:
         throttled (dict[str, float]): rate-limited queues whose allowance this claim used up, with
             the seconds until one more claim is allowed (the oldest logged claim leaves the window).
+        corrupt (list[tuple[int, str, str]]): ``(job id, task, reason)`` of the claimed rows that
+            could not be decoded and were dead-lettered as ``CorruptRow`` instead (not in the list).
     """
 
     def __init__(self, jobs: Iterable[ClaimedJob] = (), throttled: Mapping[str, float] | None = None) -> None:
         super().__init__(jobs)
         self.throttled: dict[str, float] = dict(throttled or {})
+        self.corrupt: list[tuple[int, str, str]] = []
 
     @property
     def throttle_wait(self) -> float | None:
@@ -846,7 +852,7 @@ def _decode_claims(rows: Sequence[Sequence[Any]], alias: str, *, worker_id: str,
     """
     zone = _connection_zone(alias) if rows else None
     jobs = ClaimResult(throttled=throttled)
-    corrupt: list[tuple[int, int, str]] = []
+    corrupt: list[tuple[int, int, str, str]] = []
     for r in rows:
         try:
             job = _claimed(r)
@@ -856,18 +862,18 @@ def _decode_claims(rows: Sequence[Sequence[Any]], alias: str, *, worker_id: str,
             if zone is not None:
                 _to_zone(job, zone)
         except Exception as exc:  # noqa: BLE001 - one bad row harms only itself
-            corrupt.append((r[0], r[7], f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
+            corrupt.append((r[0], r[7], str(r[1]),
+                            f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
             continue
         jobs.append(job)
     if corrupt:
-        import logging
-
-        log = logging.getLogger("django_leasequeue.store")
         with _cursor(alias) as cur:
-            for job_id, version, reason in corrupt:
-                log.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
+            for job_id, version, task, reason in corrupt:
+                logger.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
                 cur.execute(JOB_DEAD_CORRUPT, {"now": now, "id": job_id, "version": version, "reason": reason,
                                                "worker": worker_id})
+                if cur.rowcount:
+                    jobs.corrupt.append((job_id, task, reason))
     return jobs
 
 
@@ -1325,7 +1331,7 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempts, 'type', 'LeaseExpired',
-        'message', 'lease expired: the worker died, hung past its timeout or lost the database',
+        'message', 'lease expired: the worker died, or was frozen or cut off from the database past its lease',
         'traceback', '', 'worker', j.leased_by, 'at', clock.now))
 FROM expired, clock
 WHERE j.id = expired.id AND j.status = 'leased' AND j.leased_until < clock.now
@@ -1916,8 +1922,9 @@ def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, tim
         worker: the worker id (``host:pid:name``).
         write: which write was refused: ``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``
             or ``handler`` (``fenced_atomic()``/``check_lease()`` raised :class:`LeaseLost`).
-        timed_out: True when the worker had stopped renewing on purpose (the task's timeout had
-            passed), so the loss is the designed outcome for a hung handler, not an accident.
+        timed_out: True when the attempt had already timed out (its handler ran past the task's
+            timeout; the worker still renewed its lease), so the lease report does not count the
+            loss as one "while healthy".
 
     Returns:
         True when the note was written; False when it already existed, the row is locked by
@@ -2245,6 +2252,46 @@ def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | 
         cur.execute(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json})
         written: int = cur.rowcount
         return written == 1
+
+
+# A late return value (after fenced_atomic() marked the job done) that could not be stored: the
+# completion stands, so the only trace the job's row can carry is this history entry. Fenced on the
+# token and on 'done', as JOB_SET_RESULT is: a job that was since replayed is not annotated.
+JOB_NOTE_RESULT_DROPPED = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET history = j.history || jsonb_build_array(jsonb_build_object(
+    'event', 'result_dropped', 'token', j.lease_version, 'reason', %(reason)s::text,
+    'size', %(size)s::bigint, 'limit', %(limit)s::bigint, 'at', clock.now))
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'done'
+RETURNING j.id
+"""
+
+
+def job_note_result_dropped(job_id: int, version: int, *, reason: str, size: int | None = None,
+                            limit: int | None = None, now: datetime | None = None,
+                            alias: str | None = None) -> bool:
+    """Record that the return value of a job done through ``fenced_atomic()`` was not stored.
+
+    Appends ``{"event": "result_dropped", "token", "reason", "size", "limit", "at"}`` to the job's
+    history (``at``: database time); status, result and token are unchanged.
+
+    Args:
+        job_id: the job.
+        version: the fencing token (``lease_version``) the job was completed under.
+        reason: why the value was dropped (the error's message), e.g. a ``ResultTooLarge`` text.
+        size: the UTF-8 size of the value's JSON in bytes, or None when it has none (not JSON).
+        limit: the ``MAX_RESULT_BYTES`` limit in bytes that refused it, or None.
+        now: the database time to record (tests); None: the database clock.
+
+    Returns:
+        True when written; False when the job is not done under that token (nothing written).
+    """
+    with _cursor(alias) as cur:
+        cur.execute(JOB_NOTE_RESULT_DROPPED, {"now": now, "id": job_id, "version": version, "reason": reason,
+                                              "size": size, "limit": limit})
+        return cur.fetchone() is not None
 
 
 # Read one job by primary key (no lock): the tasks backend's get_result and the start of each

@@ -120,6 +120,23 @@ class InFlight:
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
+def stuck_jobs_outcome(job_ids: list[int]) -> str:
+    """What happens to the jobs of stuck handlers when their worker exits, for its log line.
+
+    Args:
+        job_ids: the jobs' ids (one or more).
+
+    Returns:
+        ``"job 9 fails as JobTimedOut and is retried"`` for one id, ``"jobs 9, 10 fail as
+        JobTimedOut and are retried"`` for several ("retried" covers a dead letter on the last
+        attempt, as for any failure).
+    """
+    ids = ", ".join(str(i) for i in job_ids)
+    if len(job_ids) == 1:
+        return f"job {ids} fails as JobTimedOut and is retried"
+    return f"jobs {ids} fail as JobTimedOut and are retried"
+
+
 def start_margin(lease: float) -> float:
     """Seconds before the end of a held job's lease (by this process's clock) after which a
     thread no longer starts it: a tenth of the lease, at most 1 s."""
@@ -583,14 +600,14 @@ class WorkerService(Service):
         longest = max(now - (i.deadline or now) for i in stuck)
         after = self.settings.stuck_exit_after
         if len(stuck) >= bound:
-            why = f"{len(stuck)} handler(s) stuck past their timeout (STUCK_HANDLERS_MAX: {bound})"
+            why = ("1 handler stuck past its timeout" if len(stuck) == 1
+                   else f"{len(stuck)} handlers stuck past their timeout") + f" (STUCK_HANDLERS_MAX: {bound})"
         elif after is not None and longest >= after:
             why = f"a handler stuck {longest:.0f} s past its timeout (STUCK_EXIT_AFTER: {after:g} s)"
         else:
             return False
         logger.error("worker %s: %s; stopping gracefully with exit status %d so that its supervisor restarts it "
-                     "(jobs %s fail as JobTimedOut and are retried)", self.worker_id, why, EXIT_STUCK,
-                     ", ".join(str(i.job.id) for i in stuck))
+                     "(%s)", self.worker_id, why, EXIT_STUCK, stuck_jobs_outcome([i.job.id for i in stuck]))
         self.exit_code = EXIT_STUCK
         if self.exit_event is not None:
             self.exit_event.set()
@@ -793,6 +810,8 @@ class WorkerService(Service):
             want = self.concurrency + extra - held
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.claim_tasks())
+        for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
+            signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
         self.claimed += len(jobs)
         items = [self._hold(job) for job in jobs]
         with self._lock:

@@ -118,18 +118,21 @@ def start(context: JobContext, task: str, concurrency_key: str = "") -> str:
 
 
 def finish(key: str, outcome: str) -> None:
-    """Record that the execution ``key`` ended: ``outcome`` is "returned" or "raised"."""
+    """Record that the execution ``key`` ended: ``outcome`` is "returned", "raised" or "timed_out"."""
     _write(_RETURN, (None, "db", outcome, key), (datetime.now(UTC), "local", outcome, key))
 
 
 @contextmanager
 def execution(context: JobContext, task: str, concurrency_key: str = "") -> Iterator[None]:
-    """Wrap a handler's body: one ledger row per run, ended "returned" or "raised"."""
+    """Wrap a handler's body: one ledger row per run, ended "returned", "raised", or "timed_out"
+    when the body returned after the task's timeout had passed (the worker then records the attempt
+    as a ``JobTimedOut`` failure and retries it: its return value is discarded, so the retry is not
+    a re-run of a returned job)."""
     key = start(context, task, concurrency_key)
     outcome = "raised"
     try:
         yield
-        outcome = "returned"
+        outcome = "timed_out" if context.timed_out else "returned"
     finally:
         finish(key, outcome)
 

@@ -65,7 +65,8 @@ class LedgerEntry(models.Model):
     started_clock = models.CharField(max_length=5, default="db")
     returned_at = models.DateTimeField(null=True)
     returned_clock = models.CharField(max_length=5, blank=True, default="")
-    outcome = models.CharField(max_length=10, blank=True, default="", help_text="'returned', 'raised' or ''")
+    outcome = models.CharField(max_length=10, blank=True, default="",
+                               help_text="'returned', 'raised', 'timed_out' or ''")
 
     def __str__(self) -> str:
         return f"job {self.job_id} token {self.lease_version} by {self.worker}: {self.outcome or 'running'}"

@@ -230,6 +230,27 @@ def test_a_late_result_over_max_result_bytes_is_not_stored_and_the_fenced_comple
         drain()
     rows = {j.id: (j.status, j.attempts, j.result, j.errors) for j in Job.objects.all()}
     assert rows == {big.id: ("done", 1, None, []), ok.id: ("done", 1, "x" * 10, [])}
+    # The row says why its result is empty (before, only the worker's log did).
+    row = Job.objects.get(pk=big.id)
+    dropped = [h for h in row.history if h.get("event") == "result_dropped"]
+    assert len(dropped) == 1
+    (entry,) = dropped
+    assert (entry["size"], entry["limit"], entry["token"]) == (5002, 1000, row.lease_version)
+    assert entry["reason"].startswith("ResultTooLarge: the return value is 5002 bytes of JSON, over "
+                                      "LEASEQUEUE['MAX_RESULT_BYTES'] (1000 bytes)")
+    assert entry["at"]
+    assert not [h for h in Job.objects.get(pk=ok.id).history if h.get("event") == "result_dropped"]
+
+
+def test_a_result_dropped_note_is_fenced_on_the_token_and_on_done():
+    job = enqueue("qa.sized", [10])
+    (claimed,) = claim()
+    assert not store.job_note_result_dropped(job.id, claimed.lease_version, reason="r", size=1, limit=0)  # leased
+    assert store.job_complete([(claimed.id, claimed.lease_version, None)]) == {job.id}
+    assert not store.job_note_result_dropped(job.id, claimed.lease_version - 1, reason="r", size=1, limit=0)
+    assert store.job_note_result_dropped(job.id, claimed.lease_version, reason="not JSON")
+    (entry,) = [h for h in Job.objects.get(pk=job.id).history if h.get("event") == "result_dropped"]
+    assert (entry["reason"], entry["size"], entry["limit"]) == ("not JSON", None, None)
 
 
 @pytest.mark.skipif(not os.environ.get("LEASEQUEUE_HEAVY_TESTS"),

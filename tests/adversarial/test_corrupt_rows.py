@@ -128,13 +128,21 @@ def test_a_worker_runs_the_innocent_jobs_of_a_batch_with_a_corrupt_row():
     corrupt one claimed in one batch. Before: 0 of 4 ran and all stayed leased. After: 3 done, the
     corrupt one dead with CorruptRow."""
     from django_leasequeue.runtime import run_services
+    from django_leasequeue.signals import job_dead_lettered
     from django_leasequeue.worker import WorkerService
 
     innocent = [record.using(max_attempts=1).enqueue(f"innocent-{i}") for i in range(3)]
     corrupt = record.using(max_attempts=1).enqueue("corrupt")
     _poison(corrupt.pk, f"args = '[{BIG_INT}]'")
-    worker = WorkerService(concurrency=4, burst=True, poll_interval=0.05, notify=False, reap=False)
-    assert run_services([worker], install_signals=False) == 0
+    events: list[dict[str, object]] = []
+    job_dead_lettered.connect(lambda sender, **kw: events.append(kw), dispatch_uid="corrupt-row-test", weak=False)
+    try:
+        worker = WorkerService(concurrency=4, burst=True, poll_interval=0.05, notify=False, reap=False)
+        assert run_services([worker], install_signals=False) == 0
+    finally:
+        job_dead_lettered.disconnect(dispatch_uid="corrupt-row-test")
+    # The dead letter is reported like any other (signal, log, metrics built on it).
+    assert [(e["job_id"], e["task"], e["error"]) for e in events] == [(corrupt.pk, "qa.record", "CorruptRow")]
     assert {j.pk: Job.objects.get(pk=j.pk).status for j in innocent} == {j.pk: "done" for j in innocent}
     row = Job.objects.get(pk=corrupt.pk)
     assert (row.status, [e["type"] for e in row.errors]) == ("dead", ["CorruptRow"])

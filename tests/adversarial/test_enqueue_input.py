@@ -202,3 +202,43 @@ def test_worker_service_refuses_a_lease_outside_0_to_7_days(lease):
     with pytest.raises(ValueError, match=r"lease must be a number of seconds in \(0, 604800\]"):
         WorkerService(lease=lease)
     assert WorkerService(lease=604800).lease == 604800.0
+
+
+def test_task_declaration_and_using_accept_a_timedelta_for_lease_and_timeout_as_seconds():
+    """``@task(timeout=timedelta(seconds=5))`` was refused with "must be > 0 seconds, got
+    datetime.timedelta(...)" while the settings and the Django tasks backend accept a timedelta."""
+    spec = task(name="adversarial.timedelta_options", lease=timedelta(minutes=2),
+                timeout=timedelta(seconds=5))(lambda: None)
+    assert (spec.lease, spec.timeout) == (120.0, 5.0)
+    job = spec.using(lease=timedelta(seconds=90)).enqueue()
+    assert Job.objects.get(pk=job.pk).lease_seconds == 90.0
+    assert spec.using(lease=timedelta(days=7)).lease == 604800.0
+
+
+@pytest.mark.parametrize("option", ["lease", "timeout"])
+def test_task_declaration_names_the_accepted_types_for_a_wrongly_typed_duration(option):
+    with pytest.raises(ConfigurationError) as error:
+        task(name="adversarial.str_duration", **{option: "5"})(lambda: None)
+    assert str(error.value) == (f"task 'adversarial.str_duration': {option} must be a number of seconds "
+                                "(int or float) or a timedelta, got '5'")
+    assert "adversarial.str_duration" not in registry.registered_tasks()
+
+
+def test_task_declaration_checks_the_range_of_a_timedelta_in_seconds():
+    with pytest.raises(ConfigurationError) as error:
+        task(name="adversarial.negative_timeout", timeout=timedelta(seconds=-5))(lambda: None)
+    assert str(error.value) == "task 'adversarial.negative_timeout': timeout must be > 0 seconds, got -5.0"
+    with pytest.raises(ConfigurationError) as error:
+        task(name="adversarial.long_lease_td", lease=timedelta(days=8))(lambda: None)
+    assert str(error.value) == ("task 'adversarial.long_lease_td': lease must be at most 604800 seconds "
+                                "(7 days), got 691200.0")
+
+
+def test_using_names_the_accepted_types_for_a_wrongly_typed_lease_and_checks_a_timedelta_range():
+    with pytest.raises(EnqueueError) as error:
+        record.using(lease="5")
+    assert str(error.value) == (f"task {record.name!r}: lease must be a number of seconds (int or float) "
+                                "or a timedelta, got '5'")
+    with pytest.raises(EnqueueError, match=r"lease must be a number of seconds in \(0, 604800\] \(7 days at "
+                                           r"most\), got 604801.0"):
+        record.using(lease=timedelta(seconds=604801))

@@ -132,9 +132,24 @@ def test_settings_refuse_a_queue_name_outside_the_grammar(queue):
 def test_queues_option_parsing():
     assert parse_queue_list(None) is None and parse_queue_list("*") is None and parse_queue_list(" ") is None
     assert parse_queue_list("a, b,a") == ["a", "b"]
-    for bad in ("a,,b", "a,*", "a b", "a,b c"):
+    for bad in ("a,,b", "a b", "a,b c", "a*"):
         with pytest.raises(ConfigurationError, match="--queues: queue"):
             parse_queue_list(bad)
+
+
+@pytest.mark.parametrize("text", ["*,x", "a,*", " * , b", "*,*"])
+def test_queues_option_says_that_star_must_stand_alone(text):
+    """``--queues '*,x'`` said "queue '*' contains '*'"."""
+    with pytest.raises(ConfigurationError) as error:
+        parse_queue_list(text)
+    assert str(error.value) == (f"--queues: '*' (every queue) must stand alone, not be listed with other queues; "
+                                f"got {text!r}: pass '*' alone, or only queue names")
+
+
+@pytest.mark.django_db
+def test_runworker_says_that_star_must_stand_alone():
+    with pytest.raises(CommandError, match=r"--queues: '\*' \(every queue\) must stand alone"):
+        call_command("runworker", queues="*,x", burst=True)
 
 
 @pytest.mark.django_db

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter, defaultdict
@@ -627,7 +628,15 @@ def assert_no_reruns(books: Ledger) -> None:
     no handler mid-run)."""
     runs = books.runs
     assert runs is not None
-    assert runs.reruns == 0, f"{runs.reruns} re-runs of {runs.rerun_jobs} returned jobs: {runs.examples}"
+    if runs.reruns:
+        # Name what the database recorded of each example (errors, history), so that a failure
+        # says which path took the job back, not only that it ran again.
+        ids = [int(m) for m in re.findall(r"job (\d+) returned", " ".join(runs.examples))]
+        rows = {j.id: (j.status, j.lease_version, j.errors, j.history) for j in Job.objects.filter(id__in=ids)}
+        runs_of = [(e.job_id, e.lease_version, e.worker, e.started_at, e.started_clock, e.returned_at,
+                    e.returned_clock, e.outcome) for e in LedgerEntry.objects.filter(job_id__in=ids)]
+        raise AssertionError(f"{runs.reruns} re-runs of {runs.rerun_jobs} returned jobs: {runs.examples}; "
+                             f"their rows: {rows}; their executions: {runs_of}")
 
 
 def assert_no_overlaps(books: Ledger, *, key_limit: int | None = None) -> None:

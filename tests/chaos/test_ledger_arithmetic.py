@@ -39,6 +39,15 @@ def test_a_start_after_a_recorded_return_is_a_rerun():
     assert "job 7 returned under token 1" in books.examples[0]
 
 
+def test_the_retry_of_a_timed_out_attempt_is_no_rerun():
+    # Job 9's handler returned after its task's timeout: the worker discards the value and records
+    # a JobTimedOut failure, so its retry under token 2 re-runs no returned job. Job 10 returned in
+    # time under token 1 and ran again: a re-run.
+    runs = [run(9, 1, 0, 6, "timed_out"), run(9, 2, 7, 8), run(10, 1, 0, 1), run(10, 2, 2, 3)]
+    books = analyse_runs(runs, alive=dead)
+    assert (books.executions, books.returned, books.reruns, books.rerun_jobs) == (4, 3, 1, 1)
+
+
 def test_intervals_that_intersect_overlap_and_touching_ones_do_not():
     runs = [run(1, 1, 0, 5, "raised"), run(1, 2, 4, 6),  # overlap: [0,5) and [4,6)
             run(2, 1, 0, 2, "raised"), run(2, 2, 2, 3)]  # touching: no overlap

@@ -73,19 +73,19 @@ def _try_db_now():
 
 
 @contextmanager
-def migrated_cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
-    """A throwaway cluster with the project's database migrated, this test's connection on it;
-    skips the test where no cluster can be made."""
+def migrated_cluster(dbname: str = DBNAME) -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """A throwaway cluster with the project's database ``dbname`` (a ``test_`` name) migrated, this
+    test's connection on it; skips the test where no cluster can be made."""
     reason = unavailable()
     if reason:
         pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
     with throwaway_cluster() as cluster:
-        cluster.createdb(DBNAME)
-        env = cluster.env(DBNAME)
+        cluster.createdb(dbname)
+        env = cluster.env(dbname)
         migrate = subprocess.run([sys.executable, str(MANAGE), "migrate", "-v", "0"], cwd=str(ROOT),
                                  env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
         assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-        with default_connection_on(cluster, DBNAME):
+        with default_connection_on(cluster, dbname):
             yield cluster, env
 
 

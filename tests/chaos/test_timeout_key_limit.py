@@ -18,6 +18,7 @@ from tests.chaos.harness import (
     Fleet,
     assert_balanced,
     assert_no_overlaps,
+    assert_no_reruns,
     enqueue_both,
     execution_books,
     ledger,
@@ -83,5 +84,8 @@ def test_timed_out_handlers_under_a_key_limit_of_one(spawn):
     assert_no_overlaps(books)
     assert statuses(keyed) == {"done": len(keyed)}, statuses(keyed)
     assert_no_overlaps(keyed_books, key_limit=1)
+    # A timed-out attempt's late return is discarded (ledger outcome "timed_out"): its retry is no
+    # re-run of a returned job, and no keyed job that returned in time ran again.
+    assert_no_reruns(keyed_books)
     assert per_worker <= CONCURRENCY, every.max_per_process
     assert all(code == 0 for code, _ in exits.values()), exits

@@ -44,6 +44,18 @@ def test_interrupted_attempts_are_refunded_max_interruptions_times_then_dead_let
     assert (row.status, row.attempts, row.interruptions) == ("ready", 0, 0)
 
 
+def test_max_interruptions_of_0_dead_letters_at_the_first_interruption():
+    """The settings reference says so: 0 refunds no interrupted attempt."""
+    assert build({"MAX_INTERRUPTIONS": 0}).max_interruptions == 0
+    job = enqueue("qa.record", ["once"])
+    (claimed,) = claim()
+    released = store.job_release([(claimed.id, claimed.lease_version)], interrupted=True, max_interruptions=0)
+    assert released.dead == {job.id}
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.attempts, row.interruptions) == ("dead", 1, 1)
+    assert row.errors[0]["type"] == "Interrupted"
+
+
 def test_prefetched_jobs_that_never_ran_are_released_freely():
     job = enqueue("qa.record", ["prefetched"])
     for _ in range(8):
@@ -147,3 +159,24 @@ def test_timeout_settings_defaults():
     assert (settings.execution, settings.stuck_handlers_max, settings.stuck_exit_after, settings.max_interruptions) \
         == ("thread", None, 120.0, 5)
     assert build({"STUCK_EXIT_AFTER": None, "EXECUTION": "process"}).stuck_exit_after is None
+
+
+@pytest.mark.parametrize(("ids", "why", "outcome"), [
+    ([9], "1 handler stuck past its timeout (STUCK_HANDLERS_MAX: 1)", "(job 9 fails as JobTimedOut and is retried)"),
+    ([9, 10], "2 handlers stuck past their timeout (STUCK_HANDLERS_MAX: 2)",
+     "(jobs 9, 10 fail as JobTimedOut and are retried)"),
+])
+def test_the_stuck_handler_exit_line_says_job_or_jobs(monkeypatch, caplog, ids, why, outcome):
+    """One stuck job was logged as "jobs 9 fail as JobTimedOut"."""
+    from types import SimpleNamespace
+
+    from django_leasequeue.worker import EXIT_STUCK, WorkerService
+
+    worker = WorkerService(concurrency=len(ids), burst=True, notify=False, reap=False)
+    stuck = [SimpleNamespace(job=SimpleNamespace(id=i), deadline=0.0, timed_out=True) for i in ids]
+    monkeypatch.setattr(worker, "stuck", lambda: stuck)
+    with caplog.at_level("ERROR", logger="django_leasequeue"):
+        assert worker.check_stuck(now=1.0)
+    assert worker.exit_code == EXIT_STUCK
+    (line,) = [r.getMessage() for r in caplog.records if "stopping gracefully" in r.getMessage()]
+    assert why in line and line.endswith(outcome), line

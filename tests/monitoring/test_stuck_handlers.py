@@ -3,6 +3,10 @@ rows, so any process reads them (issue 13, finding 5: on main nothing showed the
 
 from __future__ import annotations
 
+import io
+import json
+
+from django.core.management import call_command
 from django.urls import reverse
 
 from django_leasequeue import enqueue, health, metrics, store
@@ -43,3 +47,23 @@ def test_no_stuck_handler_is_zero_everywhere(now, admin_client):
     assert health.snapshot().stuck_handlers == 0
     assert "leasequeue_stuck_handlers 0.0" in metrics.render().decode()
     assert "stuck" not in admin_client.get(DASHBOARD).content.decode().split('id="lq-processes"')[1]
+
+
+def test_queuehealth_max_stuck_alerts_on_stuck_handlers(now):
+    """``queuehealth --max-stuck``: the stuck-handler count is a threshold like the others (exit 2
+    above the critical limit, 1 above the warning, 0 within)."""
+    store.process_register(process_id="h:1:w", kind="worker", host="h", pid=1, queues=None, concurrency=1)
+    job = enqueue("qa.record", ["stuck"])
+    (claimed,) = claim(worker_id="h:1:w")
+    assert store.job_note_timed_out(job.id, claimed.lease_version, worker="h:1:w", timeout=1)
+    codes, values = {}, []
+    for limit in ("0", "0:2", "1"):
+        out = io.StringIO()
+        try:
+            call_command("queuehealth", "--max-stuck", limit, "--json", stdout=out)
+            codes[limit] = 0
+        except SystemExit as exc:
+            codes[limit] = exc.code
+        values += [c["value"] for c in json.loads(out.getvalue())["checks"] if c["check"] == "stuck_handlers"]
+    assert codes == {"0": 2, "0:2": 1, "1": 0}
+    assert values == [1.0, 1.0, 1.0]

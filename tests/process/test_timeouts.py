@@ -116,7 +116,8 @@ def test_a_worker_whose_threads_are_all_stuck_exits_3_and_the_job_is_retried(spa
     job = enqueue("qa.hang_forever")
     w = spawn("runworker", "--concurrency", "1", env={**FAST, "LEASEQUEUE_SHUTDOWN_GRACE": "1"})
     assert w.wait(60) == 3, w.output()
-    assert "1 handler(s) stuck past their timeout (STUCK_HANDLERS_MAX: 1)" in w.output()
+    assert "1 handler stuck past its timeout (STUCK_HANDLERS_MAX: 1)" in w.output()
+    assert f"(job {job.id} fails as JobTimedOut and is retried)" in w.output()
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.attempts, row.lease_version) == ("ready", 1, 1)
     assert [e["type"] for e in row.errors] == [TIMED_OUT]

@@ -150,3 +150,25 @@ def test_drain_with_real_commits(accounts):
 
     assert drain().outcomes == {"done": 1}
     assert Invoice.objects.get().account_id == accounts[1].pk
+
+
+def test_drain_and_eager_do_not_enforce_a_tasks_timeout(db):
+    """docs/testing.md says so: the helpers run the handler inline, with no heartbeat to time it
+    out, so a handler past its ``timeout`` ends done (a worker would record JobTimedOut)."""
+    import time
+
+    from django_leasequeue import task
+    from django_leasequeue.testing import eager
+
+    @task(name="tests.testing_helpers.slow_past_timeout", timeout=0.05)
+    def slow() -> str:
+        time.sleep(0.2)
+        return "finished"
+
+    job = slow.enqueue()
+    assert drain().outcomes == {"done": 1}
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.result, row.errors) == ("done", "finished", [])
+    with eager():
+        eager_job = slow.enqueue()
+    assert Job.objects.get(pk=eager_job.pk).status == "done"

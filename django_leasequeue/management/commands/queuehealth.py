@@ -8,6 +8,7 @@ Examples::
     manage.py queuehealth --max-oldest-age 1m:5m --min-workers 1 --max-dead 5:20/10m
     manage.py queuehealth --queue emails --queue billing --max-oldest-age 30 --json
     manage.py queuehealth --max-scheduler-lag 2m
+    manage.py queuehealth --max-stuck 0:2          # warn on any stuck handler, critical above 2
     manage.py queuehealth --lease-report
 
 The first line of the text output is the plugin status line (``QUEUEHEALTH CRITICAL - ... |
@@ -89,6 +90,8 @@ class Command(BaseCommand):
                             help="alive workers (per --queue: alive workers serving it), e.g. 1 or 2:1")
         parser.add_argument("--max-scheduler-lag", type=_threshold("max", True), metavar="[WARN:]CRIT",
                             help="seconds since the last scheduler tick; no tick at all is critical")
+        parser.add_argument("--max-stuck", type=_threshold("max", False), metavar="[WARN:]CRIT",
+                            help="handlers stuck past their task's timeout and still running, e.g. 0 or 0:2")
         parser.add_argument("--ignore-paused", action="store_true",
                             help="leave paused queues out of the oldest-age check")
         parser.add_argument("--alive-within", type=_duration, default=None, metavar="SECONDS",
@@ -144,7 +147,8 @@ class Command(BaseCommand):
             dead, window = health.parse_rate(options["max_dead"])
         return health.Checks(
             max_oldest_age=options["max_oldest_age"], max_dead=dead, min_workers=options["min_workers"],
-            max_scheduler_lag=options["max_scheduler_lag"], queues=tuple(options["queue"]),
+            max_scheduler_lag=options["max_scheduler_lag"], max_stuck=options["max_stuck"],
+            queues=tuple(options["queue"]),
             ignore_paused=options["ignore_paused"],
         ), window
 

@@ -26,7 +26,7 @@ class Migration(migrations.Migration):
                 ('started_clock', models.CharField(default='db', max_length=5)),
                 ('returned_at', models.DateTimeField(null=True)),
                 ('returned_clock', models.CharField(blank=True, default='', max_length=5)),
-                ('outcome', models.CharField(blank=True, default='', help_text="'returned', 'raised' or ''", max_length=10)),
+                ('outcome', models.CharField(blank=True, default='', help_text="'returned', 'raised', 'timed_out' or ''", max_length=10)),
             ],
         ),
     ]

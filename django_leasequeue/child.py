@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import signal
+import threading
 from typing import Any
 
 
@@ -24,6 +26,9 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     ``not_serializable`` (message) or ``raised`` (the error entry)."""
     import django
 
+    # A process group of its own: at the timeout the worker kills the group, so that subprocesses
+    # the handler started die with it (a Ctrl-C to the worker's group no longer reaches it either).
+    os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the group stops the worker, not the handler
     django.setup()
     from django.db import connections
@@ -35,6 +40,17 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
 
     registry.autodiscover()
     ctx = JobContext(**payload["ctx"])
+    try:
+        timeout = registry.get_task(payload["task"]).timeout
+    except Exception:  # noqa: BLE001 - an unknown task fails below, with its own error
+        timeout = None
+    if timeout:
+        # The worker kills this process at the timeout (SIGTERM, SIGKILL 2 s later). A handler
+        # that ignores SIGTERM runs on meanwhile: its context times out here too, started before
+        # the worker's clock, so fenced_atomic() refuses from then on, as in thread mode.
+        timer = threading.Timer(timeout, ctx.time_out)
+        timer.daemon = True
+        timer.start()
     conn.send(("started",))
     message: tuple[str, Any, bool]
     try:

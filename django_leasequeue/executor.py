@@ -25,6 +25,8 @@ import asyncio
 import inspect
 import logging
 import multiprocessing
+import os
+import signal
 import threading
 import time
 import traceback
@@ -58,6 +60,17 @@ MAX_TRACEBACK = 20000
 # handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
 CHILD_START_TIMEOUT = 120.0
 CHILD_TERM_GRACE = 2.0
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    """Send ``sig`` to the process group ``pgid`` (a process-mode child's own group); nothing when
+    it does not exist (any more, or yet)."""
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
 
 
 class ChildError(Exception):
@@ -364,11 +377,16 @@ class Executor:
 
     @staticmethod
     def _kill(proc: Any) -> None:
+        # The child runs in a process group of its own (child.main), so the handler's own
+        # subprocesses are signalled with it; before the child made its group (still starting),
+        # the group does not exist and only the child itself is signalled.
+        _signal_group(proc.pid, signal.SIGTERM)
         proc.terminate()
         proc.join(CHILD_TERM_GRACE)
         if proc.is_alive():  # SIGTERM ignored, or a handler holding the GIL never ran the handler
             proc.kill()
             proc.join()
+        _signal_group(proc.pid, signal.SIGKILL)  # subprocesses that outlived the child
 
     def kill_children(self) -> int:
         """Kill every running child process (process mode; the worker's graceful stop calls this
@@ -380,16 +398,22 @@ class Executor:
             self._kill(proc)
         return len(procs)
 
-    def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str) -> str:
+    def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str, *,
+                       min_delay: float = 0.0) -> str:
         """Record the attempt of a handler stuck past its timeout as a :class:`JobTimedOut` failure
-        now, without waiting for it (the worker is exiting). Returns the outcome (see :meth:`run`)."""
+        now, without waiting for it (the worker is exiting). Returns the outcome (see :meth:`run`).
+
+        The stuck thread still runs until the process is gone, which takes a while after this
+        write (the worker's stop goes on, then the interpreter exits): ``min_delay`` (seconds, the
+        job's lease) keeps the retry from being due before then, however short the task's backoff,
+        so that no other worker starts it beside the stuck attempt."""
         fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
                   "token": job.lease_version}
         try:
             delay = self._retry_delay(registry.get_task(job.task), job)
         except UnknownTask:
             delay = clamp_delay(self.default_backoff.delay(job.attempts))
-        return self._fail(job, ctx, JobTimedOut(message), retry_delay=delay, fields=fields)
+        return self._fail(job, ctx, JobTimedOut(message), retry_delay=max(delay, float(min_delay)), fields=fields)
 
     def _retry_delay(self, spec: Any, job: store.ClaimedJob) -> float:
         """The seconds before the retry of ``job``'s failed attempt, from the task's backoff option.

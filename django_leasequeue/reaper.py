@@ -54,7 +54,8 @@ def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: i
         interval: seconds between this process's sweeps (None: ``REAPER_INTERVAL``), which sets
             the silence taken for an outage (:func:`outage_silence`).
         once: a one-off sweep (``runreaper --once``, from cron): it has no cadence to measure a
-            silence by, so the clock alone decides.
+            silence by, so it never declares an outage itself; it honours the window that a
+            periodic sweep (a worker's, runreaper's) recorded after one, else the clock decides.
     """
     settings = settings or get_settings()
     silence = None if once else outage_silence(settings.reaper_interval if interval is None else interval)

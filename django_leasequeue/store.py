@@ -404,7 +404,17 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
 # listed in the setting leasequeue.conc_closed (prefixed by the claim id), and their rows are
 # rejected by the inline strpos() before any function call: the look-ahead past a full key's
 # backlog costs about as much as reading the rows (~0.3 us each), not a plpgsql call per row.
-_CONC_ADMIT = """
+# The largest fencing token (migration 0004's leasequeue_job_lease_version_range). Every claim,
+# reap, release and replay adds 1, so a row written by hand with a token at (or next to) the bound
+# would make that statement refused by the constraint, for every row it writes: the claim of every
+# worker, every reaper sweep, a whole release. A claim therefore takes only rows whose token can
+# still take the claim and a reap or release (the others stay as they are, for an operator to read),
+# and the reaper and the release never go past the bound: such a row is dead-lettered instead.
+TOKEN_MAX = 4611686018427387904
+_TOKEN_ROOM = f"""
+          AND j.lease_version < {TOKEN_MAX - 1}"""
+
+_CONC_ADMIT = _TOKEN_ROOM + """
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.conc_closed', true),
@@ -1163,8 +1173,10 @@ JOB_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
-                  WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN 'dead' ELSE 'ready' END,
+                  WHEN (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                       OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead' ELSE 'ready' END,
     finished_at = CASE WHEN j.cancel_requested OR (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
+                            OR j.lease_version >= {TOKEN_MAX - 2}
                        THEN clock.now ELSE NULL END,
     run_at = clock.now, leased_until = NULL,
     started_at = CASE WHEN j.attempts <= 1 AND NOT (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
@@ -1172,8 +1184,13 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     attempts = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s THEN j.attempts
                     ELSE greatest(j.attempts - 1, 0) END,
     interruptions = CASE WHEN %(interrupted)s THEN j.interruptions + 1 ELSE j.interruptions END,
-    lease_version = j.lease_version + 1,
-    errors = CASE WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s AND NOT j.cancel_requested
+    lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+    errors = CASE WHEN j.lease_version >= {TOKEN_MAX - 2} AND NOT j.cancel_requested
+             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                 'attempt', j.attempts, 'type', 'CorruptRow',
+                 'message', 'fencing token ' || j.lease_version || ' at its bound: the job cannot be claimed again',
+                 'traceback', '', 'worker', j.leased_by, 'at', clock.now))
+             WHEN %(interrupted)s AND j.interruptions >= %(max_interruptions)s AND NOT j.cancel_requested
              THEN j.errors || jsonb_build_array(jsonb_build_object(
                  'attempt', j.attempts, 'type', 'Interrupted',
                  'message', 'interrupted ' || (j.interruptions + 1) || ' times (' || %(reason)s::text
@@ -1271,21 +1288,33 @@ def job_note_timed_out(job_id: int, version: int, *, worker: str, timeout: float
 # meanwhile and records the database as resumed now. For one lease period (the job's own) after
 # that, expired leases are left to their holders, whose heartbeats and completions, fenced on the
 # token rather than the clock, still succeed; a holder that really died is reaped one lease later.
-# The row lock serialises concurrent sweeps on the same decision.
+# The row lock serialises concurrent sweeps on the same decision. The record must not outrun the
+# clock: greatest() keeps the latest of two racing sweeps, but a recorded sweep (or resumption)
+# more than the silence ahead of the clock means the database clock was set back (it ran ahead, or
+# a failover reached a server whose clock is behind). Kept, it would stop every reaper from taking
+# back any expired lease until the clock caught up (for as long as the clock was wrong), and hide
+# every silence meanwhile; so the record starts again from the present clock, as after an outage
+# (expired leases wait one lease for their holders, then a dead holder's jobs are recovered).
 JOB_REAP = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 sweep AS MATERIALIZED (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
     ON CONFLICT (id) DO UPDATE SET
         resumed_at = CASE WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
-                          THEN EXCLUDED.last_sweep_at ELSE s.resumed_at END,
-        last_sweep_at = greatest(s.last_sweep_at, EXCLUDED.last_sweep_at)
+                            OR s.last_sweep_at > EXCLUDED.last_sweep_at + make_interval(secs => %(silence)s::float8)
+                          THEN EXCLUDED.last_sweep_at
+                          WHEN s.resumed_at > EXCLUDED.last_sweep_at THEN EXCLUDED.last_sweep_at
+                          ELSE s.resumed_at END,
+        last_sweep_at = CASE WHEN s.last_sweep_at > EXCLUDED.last_sweep_at
+                                                    + make_interval(secs => coalesce(%(silence)s::float8, 1))
+                             THEN EXCLUDED.last_sweep_at
+                             ELSE greatest(s.last_sweep_at, EXCLUDED.last_sweep_at) END
     RETURNING s.last_sweep_at, s.resumed_at
 ),
 expired AS MATERIALIZED (
     SELECT j.id FROM {JOB_TABLE} j, clock, sweep
     WHERE j.status = 'leased' AND j.leased_until < clock.now
-      AND (sweep.resumed_at IS NULL OR %(silence)s::float8 IS NULL OR sweep.last_sweep_at
+      AND (sweep.resumed_at IS NULL OR sweep.last_sweep_at
            >= sweep.resumed_at + make_interval(secs => coalesce(j.lease_seconds, %(lease)s::float8)))
     ORDER BY j.id
     LIMIT %(limit)s
@@ -1293,10 +1322,12 @@ expired AS MATERIALIZED (
 )
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
-                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+                  WHEN j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead'
+                  ELSE 'ready' END,
     run_at = clock.now,
-    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts THEN clock.now ELSE NULL END,
-    lease_version = j.lease_version + 1,
+    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2}
+                       THEN clock.now ELSE NULL END,
+    lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
     leased_until = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempts, 'type', 'LeaseExpired',
@@ -1329,8 +1360,9 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: 
         now: the database time to judge expiry by (aware datetime; None: ``leasequeue_now()``).
         silence: seconds without any sweep after which the database is taken to have been
             unreachable for everyone; expired leases are then left to their holders for one lease
-            period (the job's ``lease_seconds``) from the sweep that noticed it. None: judge by
-            the clock alone (a one-off sweep, which has no cadence to measure a silence by).
+            period (the job's ``lease_seconds``) from the sweep that noticed it. None: a one-off
+            sweep, which has no cadence to measure a silence by: it never declares an outage
+            itself, but honours the window a periodic sweep recorded (else the clock decides).
         lease: seconds, the lease of jobs whose ``lease_seconds`` is null (the worker default).
     """
     with _cursor(alias) as cur:
@@ -1747,11 +1779,20 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
 # index (the queues found by a skip scan of that index, one probe each), not the whole backlog.
 # The task name is only compared, never imported. Locked rows (a claim in flight) are skipped; the
 # status is re-checked under the lock, so a job claimed meanwhile is left alone.
+# Nobody judges for %(alive)s seconds after the database came back from a silence of every reaper
+# (the sweep record's resumed_at, real clock): an outage longer than that leaves every worker's row
+# stale at once, and the processes beat again one by one, so a worker that knows the task may
+# simply not have beaten yet.
 JOB_DEAD_LETTER_UNKNOWN = f"""
 WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
 live AS MATERIALIZED (
-    SELECT p.queues, p.tasks, p.started_at FROM {PROCESS_TABLE} p, clock
+    -- A task list that is not a JSON list (a row written by another program) counts as none
+    -- recorded: such a worker may know every task, so its queues are not judged.
+    SELECT p.queues, CASE WHEN jsonb_typeof(p.tasks) = 'array' THEN p.tasks END AS tasks, p.started_at
+    FROM {PROCESS_TABLE} p, clock
     WHERE p.kind = 'worker' AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
+      AND NOT EXISTS (SELECT 1 FROM {SWEEP_TABLE} s
+                      WHERE s.resumed_at > clock_timestamp() - make_interval(secs => %(alive)s))
 ),
 ready_queues AS (
     (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' ORDER BY j.queue LIMIT 1)
@@ -2318,7 +2359,7 @@ keyed AS MATERIALIZED (
 ),
 replayed AS (
     UPDATE {JOB_TABLE} j
-    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = j.lease_version + 1,
+    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
         interruptions = 0, result = NULL,
         args = coalesce(%(args)s::jsonb, j.args),
@@ -2334,7 +2375,7 @@ replayed AS (
                ELSE '[]'::jsonb END
             || jsonb_build_array(jsonb_build_object(
                 'event', 'replayed', 'by', %(by)s::text, 'at', clock.now, 'from_status', j.status,
-                'attempts', j.attempts, 'token', j.lease_version + 1))
+                'attempts', j.attempts, 'token', least(j.lease_version + 1, {TOKEN_MAX})))
     FROM keyed k, clock
     WHERE j.id = k.id AND k.holder IS NULL AND (k.key_winner IS NULL OR k.key_winner = k.id)
       AND j.status IN ('dead', 'cancelled')

@@ -951,11 +951,13 @@ class WorkerService(Service):
         for item in held:
             if item.timed_out:
                 # Stuck past its timeout: the attempt fails as timed out now (retried after backoff,
-                # or dead-lettered), never refunded; the thread dies with the process.
+                # or dead-lettered), never refunded; the thread dies with the process. The retry
+                # waits at least one lease, as a killed worker's job would: the stuck handler still
+                # runs until this process is gone, after the rest of this stop.
                 try:
                     self.executor.record_timeout(item.job, item.ctx, (
                         f"attempt {item.job.attempts} ran past the task's timeout of {item.timeout:g} s and was "
-                        f"still running when worker {self.worker_id} stopped"))
+                        f"still running when worker {self.worker_id} stopped"), min_delay=item.lease)
                 except DatabaseError:
                     logger.exception("job %s: could not record its timeout; the lease will expire", item.job.id)
         # A handler that had started was interrupted: its attempt is refunded, up to

@@ -77,6 +77,10 @@ def test_hung_handlers_are_given_up_retried_elsewhere_and_do_not_block_shutdown(
     assert all(code == 0 for code, _ in stops.values()), stops
     slowest = max(took for _, took in stops.values())
     assert slowest < GRACE + 5, stops
+    # The stuck attempt's retry waits at least one lease (its thread ran until its process was
+    # gone), and a --burst worker stops at once when no job is due: start it once the retry is.
+    retry_at = Job.objects.get(pk=second.id).run_at
+    wait_for(lambda: db_now() >= retry_at, timeout=30, what="the second hung job's retry to be due")
     last = fleet.start(name="w3", args=("--burst",))
     wait_for(lambda: job_in(second.id, "done"), timeout=60, what="the second hung job's retry")
     assert last.proc.wait(60) == 0, last.proc.output()

@@ -47,15 +47,18 @@ class ResultTooLarge(LeaseQueueError):
     so the job is dead-lettered); the message gives the size and the limit in bytes.
 
     Args:
-        size (int): the UTF-8 size of the result's JSON, in bytes.
+        size (int): the UTF-8 size of the result's JSON, in bytes (with ``at_least``, a lower bound).
         limit (int): the ``MAX_RESULT_BYTES`` setting, in bytes.
+        at_least (bool): ``size`` is a lower bound, found without encoding the whole value.
     """
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"the return value is {size} bytes of JSON, over LEASEQUEUE['MAX_RESULT_BYTES'] "
+    def __init__(self, size: int, limit: int, *, at_least: bool = False) -> None:
+        bound = "at least " if at_least else ""
+        super().__init__(f"the return value is {bound}{size} bytes of JSON, over LEASEQUEUE['MAX_RESULT_BYTES'] "
                          f"({limit} bytes); store large outputs elsewhere and return a reference")
         self.size = size
         self.limit = limit
+        self.at_least = at_least
 
 
 class UnknownTask(LeaseQueueError, LookupError):

@@ -236,7 +236,7 @@ def test_a_late_result_over_max_result_bytes_is_not_stored_and_the_fenced_comple
     assert len(dropped) == 1
     (entry,) = dropped
     assert (entry["size"], entry["limit"], entry["token"]) == (5002, 1000, row.lease_version)
-    assert entry["reason"].startswith("ResultTooLarge: the return value is 5002 bytes of JSON, over "
+    assert entry["reason"].startswith("ResultTooLarge: the return value is at least 5002 bytes of JSON, over "
                                       "LEASEQUEUE['MAX_RESULT_BYTES'] (1000 bytes)")
     assert entry["at"]
     assert not [h for h in Job.objects.get(pk=ok.id).history if h.get("event") == "result_dropped"]
@@ -284,3 +284,27 @@ def test_a_result_jsonb_cannot_hold_fails_only_its_job_with_the_real_error():
     assert {j.id: (j.status, j.attempts) for j in Job.objects.filter(pk__in=[s.id for s in small])} == {
         s.id: ("done", 1) for s in small}
     assert [executions(s.id) for s in small] == [1] * 20
+
+
+def test_a_huge_result_is_refused_before_it_is_encoded():
+    """Encoding a 280 MB string and measuring it are single C calls that hold the GIL for seconds
+    (the worker's heartbeat starved and three other jobs' leases expired in a --full chaos run);
+    the size floor refuses it from its length alone, and never exceeds the real size."""
+    import json
+
+    from django_leasequeue.exceptions import ResultTooLarge
+    from django_leasequeue.executor import encode_result, json_size_floor
+
+    samples = ["", "héllo", [1, "ab", {"k": None, "é": [True, 2.5]}], {"a": {"b": {"c": "d" * 50}}}, 12345]
+    for value in samples:
+        real = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        assert json_size_floor(value, 10**9) <= real, value
+    huge = "x" * 50_000_000
+    assert json_size_floor(huge, 1000) == 50_000_002
+    assert json_size_floor([huge, huge], 1000) == 50_000_005  # stops once past the limit
+    with pytest.raises(ResultTooLarge) as raised:
+        encode_result({"report": huge}, 1 << 20)
+    assert raised.value.at_least and raised.value.limit == 1 << 20
+    assert str(raised.value).startswith("the return value is at least ")
+    assert encode_result({"a": [1, 2]}, 1 << 20) == '{"a":[1,2]}'
+    assert encode_result("x" * 100, 0) == '"' + "x" * 100 + '"'  # 0: no limit

@@ -2,7 +2,7 @@
 
 Models here are data only. Every statement that claims, leases or moves a job between states lives
 in :mod:`django_leasequeue.store`; the admin and monitoring read through these models and call the
-store for writes. Indexes are few and partial (DESIGN.md section 6): ``leased_until`` is in no
+store for writes. Indexes are few and partial: ``leased_until`` is in no
 index, so heartbeat renewals can be HOT updates.
 """
 

@@ -5,7 +5,7 @@ transactions, locks the enabled schedules that are due (``FOR UPDATE SKIP LOCKED
 with :func:`django_leasequeue.cron.due` (DST policy and catch-up policy live there), inserts one job
 per occurrence to emit and advances the schedule, all in the same transaction.
 
-Why any number of schedulers may run at once (DESIGN.md invariant 7): every emitted job carries the
+Why any number of schedulers may run at once: every emitted job carries the
 unique key :func:`occurrence_key` = (schedule id, occurrence instant in UTC), inserted with ``ON
 CONFLICT DO NOTHING`` under the ``retained`` scope, so a second insert of the same occurrence is a
 no-op whatever the timing: no leader election, no lock is needed for correctness. The row lock only

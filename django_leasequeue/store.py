@@ -5,7 +5,7 @@ here, with a comment saying why it is shaped the way it is (the layout follows P
 ``queries.sql`` and River's rule that no ad-hoc SQL lives outside the query layer; a test in
 ``tests/test_architecture.py`` enforces it).
 
-Rules every statement follows (DESIGN.md section 3):
+Rules every statement follows:
 
 * **Database time only.** Each statement reads the clock once, as ``coalesce(<now>,
   leasequeue_now())``: callers may pass an explicit aware ``now`` (tests), otherwise the database's

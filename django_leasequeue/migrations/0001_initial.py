@@ -3,7 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-# The statement clock every queue statement reads (DESIGN.md invariant 6): clock_timestamp(), not
+# The statement clock every queue statement reads (only database time counts): clock_timestamp(), not
 # now() (frozen for a whole transaction), plus an optional per-session offset that tests and the
 # testing helpers use to move the database clock forward without sleeping:
 #   SET leasequeue.clock_offset = '2 hours';

@@ -1,5 +1,5 @@
 """Chaos: workers whose system clock is ten days off, ahead and behind, share the queue with a
-correct one (DESIGN.md invariant 6: only database time counts).
+correct one (only database time counts).
 
 The skew is real for the whole process: ``libfaketime`` (Debian package ``faketime``) is
 preloaded with ``FAKETIME=+10d`` / ``-10d``, so ``time.time()``, ``datetime.now()`` and every C

@@ -1,4 +1,4 @@
-"""Chaos: handlers that hang for good (DESIGN.md invariant 5: heartbeat bounded by progress).
+"""Chaos: handlers that hang for good.
 
 ``qa.hang_forever`` has ``timeout=1`` and blocks its first attempt on an event nobody sets. A
 thread cannot be stopped: at the timeout the worker records the attempt as timed out but keeps

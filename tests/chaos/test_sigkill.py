@@ -1,6 +1,5 @@
 """Chaos: workers SIGKILLed every few hundred milliseconds while 5,000 fenced jobs drain; a
-replacement is started for each. Nothing may be lost and no effect may be written twice
-(DESIGN.md invariants 2-4 and 8)."""
+replacement is started for each. Nothing may be lost and no effect may be written twice."""
 
 import random
 import time

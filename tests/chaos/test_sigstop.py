@@ -1,6 +1,6 @@
 """Chaos: a worker frozen (SIGSTOP) for three times its lease while others drain the queue, then
 resumed (SIGCONT). Its leases expire and are taken back while it is frozen; when it wakes, every
-write it makes under the old tokens is refused (DESIGN.md invariants 2 and 3), and it goes on
+write it makes under the old tokens is refused, and it goes on
 working.
 
 A worker holds two kinds of leases: jobs whose handler runs, and jobs it prefetched (claimed

@@ -1,4 +1,4 @@
-"""Enqueue belongs to the caller's transaction (DESIGN.md section 4): cases C08, C09, C10, and
+"""Enqueue belongs to the caller's transaction: cases C08, C09, C10, and
 ``enqueue_on_commit``. These need real commits, so they run with ``transactional_db``."""
 
 from decimal import Decimal

@@ -1,6 +1,6 @@
 """Unique keys under concurrency: 16 threads enqueueing one key inside their own transactions get
 one row and its id, and none of their transactions is aborted; a racing insert that rolls back never
-blocks the survivor (DESIGN.md section 2, unique_key)."""
+blocks the survivor."""
 
 import threading
 

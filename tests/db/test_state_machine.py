@@ -7,7 +7,7 @@ snooze, release, the clock moving on (leases expire), reap, cancel requests, and
 store has ``job_replay``). Every handle a claim returns stays in play after its lease is gone, so
 stale workers keep writing with old tokens.
 
-A plain Python model predicts every outcome; after every step the invariants of DESIGN.md
+A plain Python model predicts every outcome; after every step the lifecycle's invariants
 section 3 are checked against the rows:
 
 * no double claim: no (job, token) pair is ever handed out twice, and a leased job has exactly one
@@ -47,7 +47,7 @@ LEASES = [1.0, 2.5, 5.0]
 MAX_SNOOZES = 2
 HAS_REPLAY = hasattr(store, "job_replay")
 
-# The lifecycle diagram (DESIGN.md section 1), plus staying put.
+# The lifecycle diagram (docs/design.md), plus staying put.
 LEGAL = {
     ("ready", "leased"), ("ready", "cancelled"),
     ("leased", "done"), ("leased", "ready"), ("leased", "dead"), ("leased", "cancelled"),

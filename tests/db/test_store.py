@@ -1,5 +1,5 @@
 """Store statements in one transaction, with an explicit ``now=``: claim order and limits, the
-fencing token on every worker write, reaping, release. (Invariants 1, 2, 4 and 6 of DESIGN.md.)"""
+fencing token on every worker write, reaping, release."""
 
 from datetime import timedelta
 

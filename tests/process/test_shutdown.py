@@ -1,4 +1,4 @@
-"""Graceful and hard stop of ``runworker`` (DESIGN.md section 5; case C07)."""
+"""Graceful and hard stop of ``runworker`` (case C07)."""
 
 import signal
 import time

@@ -4,7 +4,7 @@ enqueued, move the database clock, and prove a handler is fenced when its lease 
 Everything here runs on the test's own database connection, in the calling thread, through the
 real claim and executor path (:mod:`store` claims, :class:`~django_leasequeue.worker.WorkerService`
 builds the context, the :class:`~django_leasequeue.executor.Executor` classifies the outcome and the
-:class:`~django_leasequeue.worker.Completer` writes it, fenced on the token). So it works inside a
+:class:`~django_leasequeue.completer.Completer` writes it, fenced on the token). So it works inside a
 pytest-django ``db`` test (one transaction that no other connection can see) as well as with
 ``transactional_db``; no thread, process or ``sleep`` is involved.
 

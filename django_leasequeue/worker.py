@@ -23,8 +23,8 @@ Services (all on :mod:`runtime`'s loop; the :class:`WorkerService` starts and st
   is stuck ``STUCK_EXIT_AFTER`` seconds past its timeout, the worker stops gracefully and exits
   with status :data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs
   each handler in a child process killed at its timeout instead.
-* :class:`Completer` marks finished jobs done in batches: one fenced ``UPDATE ... FROM unnest``
-  per few milliseconds instead of one transaction per job. A job whose handler returned stays
+* :class:`~django_leasequeue.completer.Completer` marks finished jobs done in batches: one fenced
+  ``UPDATE ... FROM unnest`` per few milliseconds instead of one transaction per job. A job whose handler returned stays
   held (its lease renewed, its thread free) until its completion is written or refused, so that
   a database outage does not let the lease run out; the worker writes its own pending
   completions before its reaper sweeps. A batch the database refuses on its data (SQLSTATE class
@@ -50,7 +50,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +58,12 @@ from django.db import DatabaseError, connections
 from django.db.backends.signals import connection_created
 
 from . import reaper, registry, signals, store
+from .completer import Completer
 from .conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
 from .context import JobContext
-from .executor import Executor, describe_error, report_lease_lost, with_reconnect
+from .executor import Executor, report_lease_lost, with_reconnect
 from .notify import Listener
-from .runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
+from .runtime import Service, close_broken_connections
 
 logger = logging.getLogger("django_leasequeue.worker")
 
@@ -141,189 +142,6 @@ def start_margin(lease: float) -> float:
     """Seconds before the end of a held job's lease (by this process's clock) after which a
     thread no longer starts it: a tenth of the lease, at most 1 s."""
     return min(1.0, lease / 10)
-
-
-class Completer(Service):
-    """Batches successful completions into one fenced statement per flush.
-
-    Args:
-        alias: the database alias.
-        gather: seconds to let a batch gather before a flush.
-        max_batch: most completions per statement.
-        on_flush: called after completions were written (a concurrency slot may be free).
-        on_settled: called with the contexts whose completion was decided (written, refused for a
-            lost lease or cancel, or recorded as a failed attempt), from the thread that flushed
-            them; the worker stops renewing those leases then. Completions kept for a later flush
-            (the database is unreachable) are not settled.
-        retry_cap: returns the longest wait in seconds after failed flushes (the worker passes a
-            third of the shortest lease it holds); None: the general 30 s cap.
-        synchronous_commit: False commits completions without waiting for the WAL flush.
-    """
-
-    name = "completer"
-
-    def __init__(self, *, alias: str, gather: float = 0.002, max_batch: int = 1000,
-                 on_flush: Callable[[], None] | None = None, synchronous_commit: bool = True,
-                 on_settled: Callable[[Sequence[JobContext]], None] | None = None,
-                 retry_cap: Callable[[], float] | None = None) -> None:
-        super().__init__()
-        self.alias = alias
-        self.on_flush = on_flush  # called after completions were written (a concurrency slot may be free)
-        self.on_settled = on_settled
-        self.retry_cap = retry_cap
-        self.gather = gather
-        self.max_batch = max_batch
-        self.synchronous_commit = synchronous_commit
-        self._idle = True
-        self._queue: queue_module.SimpleQueue[tuple[JobContext, str | None]] = queue_module.SimpleQueue()
-        self.completed = 0
-
-    @property
-    def error_backoff_max(self) -> float:
-        """Seconds: after failed flushes (a database outage) retry well within the shortest lease
-        held, so that the completions are written while those leases can still be renewed (the
-        general 30 s cap would outlast them)."""
-        if self.retry_cap is None:
-            return ERROR_BACKOFF_MAX
-        return min(ERROR_BACKOFF_MAX, self.retry_cap())
-
-    @property
-    def pending(self) -> bool:
-        """True while completions are queued and not yet written."""
-        return not self._queue.empty()
-
-    def submit(self, ctx: JobContext, result_json: str | None) -> None:
-        """Queue a success for the next flush (within a few milliseconds)."""
-        self._queue.put((ctx, result_json))
-        if self._idle:  # only an idle completer needs waking; a busy one flushes the queue anyway
-            self.wake()
-
-    def run_once(self) -> float:
-        # Declared idle *before* looking at the queue: a submit that lands after the check sees
-        # the flag and wakes us, one that landed before it is found by the check.
-        self._idle = True
-        if self._queue.empty():
-            return 1.0
-        self._idle = False
-        time.sleep(self.gather)  # let a batch gather; completion latency is not on the claim path
-        try:
-            self.flush()
-        except Exception:
-            # Backing off after a failed flush counts as idle: a new submission wakes us to try
-            # again at once, rather than waiting out the backoff.
-            self._idle = True
-            raise
-        return 0.0
-
-    def flush(self) -> None:
-        """Write every queued completion now (batches of ``max_batch``).
-
-        Raises:
-            DatabaseError: the database is unreachable (or answered with a transient error); the
-                completions not written are queued again for the next flush.
-        """
-        while not self._queue.empty():
-            batch: list[tuple[JobContext, str | None]] = []
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            items = [(c.job_id, c.lease_version, r) for c, r in batch]
-            try:
-                done = with_reconnect(functools.partial(
-                    store.job_complete, items, alias=self.alias, synchronous_commit=self.synchronous_commit))
-            except DatabaseError as exc:
-                if db_error_kind(exc) != "data":
-                    # The database is unreachable (or busy). Keep them for the next flush:
-                    # completion is fenced on the token, not on the clock, so writing it late
-                    # is safe (the heartbeat keeps renewing these leases meanwhile).
-                    for item in batch:
-                        self._queue.put(item)
-                    raise
-                # One row the database refuses (a value jsonb cannot hold) must not block every
-                # other completion: write them one by one and record the refused ones as failed
-                # attempts with their own error.
-                close_broken_connections()
-                done, failed = self._complete_one_by_one(batch)
-            else:
-                failed = set()
-            self.completed += len(done)
-            if self.on_settled is not None:
-                self.on_settled([ctx for ctx, _ in batch])
-            if self.on_flush is not None:
-                self.on_flush()
-            report = signals.enabled("succeeded")
-            for ctx, _ in batch:
-                if ctx.job_id in done:
-                    if report:
-                        signals.emit("succeeded", job_id=ctx.job_id, task=ctx.task, queue=ctx.queue,
-                                     attempt=ctx.attempt, token=ctx.lease_version)
-                    continue
-                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
-                          "token": ctx.lease_version}
-                if ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
-                    ctx.mark_cancel_requested()
-                    signals.emit("cancelled", **fields)
-                elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
-                    continue
-                elif not ctx.lease_lost:  # a loss the heartbeat found was reported already
-                    report_lease_lost(ctx, write="complete", fields=fields)
-
-    def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> tuple[store.Completed, set[int]]:
-        """Write ``batch`` one completion at a time; a completion the database refuses (e.g. a
-        result jsonb cannot hold) becomes a failed attempt with that error (dead: the same result
-        would be refused again). Returns the completions written and the ids recorded as failed.
-        On a connection (or transient) error, this item and every later one go back on the queue
-        and the error is raised (none is lost); the contexts decided before it are settled."""
-        done = store.Completed()
-        failed: set[int] = set()
-        for index, (ctx, result) in enumerate(batch):
-            try:
-                one = store.job_complete([(ctx.job_id, ctx.lease_version, result)], alias=self.alias)
-            except DatabaseError as exc:
-                if db_error_kind(exc) != "data":
-                    self._requeue(batch, index)
-                    raise
-                logger.exception("job %s: the database refused its result", ctx.job_id)
-                close_broken_connections()
-                error = describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id)
-                try:
-                    outcome = store.job_fail(ctx.job_id, ctx.lease_version, error, retry_delay=None, alias=self.alias)
-                except DatabaseError as fail_exc:
-                    if db_error_kind(fail_exc) != "data":
-                        self._requeue(batch, index)
-                        raise
-                    # Not even the failure could be written: the lease will expire and the job be
-                    # retried. Not a lost lease, and no reason to drop the rest of the batch.
-                    close_broken_connections()
-                    logger.exception("job %s: could not record the refused result; the lease will expire",
-                                     ctx.job_id)
-                    failed.add(ctx.job_id)
-                    continue
-                if outcome is None:
-                    continue  # the token moved on meanwhile: reported as a lost lease by flush()
-                failed.add(ctx.job_id)
-                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
-                          "token": ctx.lease_version, "error": error["type"]}
-                if outcome[0] == "cancelled":
-                    signals.emit("cancelled", **fields)
-                else:
-                    signals.emit("dead_lettered", message=error["message"], **fields)
-                continue
-            done.update(one)
-            done.cancelled.update(one.cancelled)
-        return done, failed
-
-    def _requeue(self, batch: list[tuple[JobContext, str | None]], index: int) -> None:
-        """Queue ``batch[index:]`` again for the next flush; settle the ones decided before it."""
-        for item in batch[index:]:
-            self._queue.put(item)
-        if index and self.on_settled is not None:
-            self.on_settled([ctx for ctx, _ in batch[:index]])
-
-    def on_stop(self) -> None:
-        try:
-            self.flush()
-        except DatabaseError:
-            logger.exception("completer: final flush failed; those jobs will be retried after their lease")
 
 
 class HeartbeatService(Service):
@@ -886,8 +704,8 @@ class WorkerService(Service):
 
         For :mod:`django_leasequeue.testing` (``drain()`` inside a test's transaction, where no other
         connection can see the test's rows). The job goes through the same :class:`Executor` and
-        :class:`Completer` code as in :meth:`run_once`; only the threads are missing, so a handler
-        that runs longer than its lease is not renewed.
+        :class:`~django_leasequeue.completer.Completer` code as in :meth:`run_once`; only the threads
+        are missing, so a handler that runs longer than its lease is not renewed.
 
         Args:
             job: a job claimed with this worker's id (``store.job_claim(..., worker_id=self.worker_id)``).

@@ -22,12 +22,13 @@ from django.test import override_settings
 from qa.models import Execution
 
 from django_leasequeue import enqueue, store
+from django_leasequeue.completer import Completer
 from django_leasequeue.conf import build, get_settings
 from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.models import Job
 from django_leasequeue.notify import _NOT_LIBPQ
 from django_leasequeue.runtime import db_error_kind, run_services
-from django_leasequeue.worker import Completer, WorkerService
+from django_leasequeue.worker import WorkerService
 from tests.chaos.test_connection_loss import database_refusing_connections
 from tests.support import claim, context_for, wait_for
 

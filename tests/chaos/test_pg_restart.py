@@ -114,8 +114,10 @@ def test_postgresql_immediate_stop_longer_than_the_lease(spawn):
         long_fenced, long_plain = enqueue_both(SLOTS // 2, seed=15, long_share=1.0, long_work=(2.0, 4.0))
         long_ids = long_fenced + long_plain
         ids += long_ids
-        wait_for(lambda: LedgerEntry.objects.filter(job_id__in=long_ids, outcome="").count() >= SLOTS - 2,
-                 timeout=60, interval=0.05, what="the long handlers to be running")
+        # Most threads mid-handler is enough for the fault (the assertions below do not depend on
+        # how many): waiting for all but two occasionally timed out on a loaded 2-core machine.
+        wait_for(lambda: LedgerEntry.objects.filter(job_id__in=long_ids, outcome="").count() >= SLOTS // 2,
+                 timeout=120, interval=0.05, what="the long handlers to be running")
         cluster.stop()
         time.sleep(STOPPED)
         cluster.start()

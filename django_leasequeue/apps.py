@@ -6,7 +6,8 @@ from django.apps import AppConfig
 
 
 class LeaseQueueConfig(AppConfig):
-    """Registers the settings-change hook and the system checks."""
+    """Registers the settings-change hook and the system checks, and wires the schedules service
+    into :class:`~django_leasequeue.models.Schedule`."""
 
     name = "django_leasequeue"
     label = "django_leasequeue"
@@ -16,10 +17,15 @@ class LeaseQueueConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import checks  # noqa: F401  (registers system checks)
+        from . import (
+            checks,  # noqa: F401  (registers system checks)
+            schedules,
+        )
         from .conf import _on_setting_changed
+        from .models import install_schedule_service
 
         setting_changed.connect(_on_setting_changed, dispatch_uid="leasequeue-settings")
+        install_schedule_service(schedules)
         self._load_tasks_framework()
 
     @staticmethod

@@ -9,13 +9,12 @@ index, so heartbeat renewals can be HOT updates.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
-from django.core.exceptions import ValidationError
-from django.db import models, router, transaction
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import models
 from django.db.models import Q
 
 
@@ -180,17 +179,19 @@ class Schedule(models.Model):
     refuses an invalid cron expression, an unknown time zone, an unregistered task (for an enabled
     schedule), arguments that do not round-trip through JSON, a priority outside -100..100, a queue
     that ``LEASEQUEUE["QUEUES"]`` does not allow and a ``catch_up_limit`` below 1; each message
-    names the offending value. The checks live in :meth:`clean_fields`, Django's per-field hook, so
-    a ModelForm that leaves a field out does not get errors for it.
+    names the offending value. The checks run in :meth:`clean_fields`, Django's per-field hook, so
+    a ModelForm that leaves a field out does not get errors for it; they are the schedules
+    service's (:func:`django_leasequeue.schedules.definition_errors`).
 
-    ``save()`` keeps ``next_occurrence_at`` right for the scheduler (see docs/schedules.md): a new
-    schedule starts with the first occurrence after its creation; a changed cron expression or time
-    zone, or a re-enabled schedule, gets the first occurrence after the save under the new
+    ``save()`` keeps ``next_occurrence_at`` right for the scheduler (see docs/howto/schedules.md): a
+    new schedule starts with the first occurrence after its creation; a changed cron expression or
+    time zone, or a re-enabled schedule, gets the first occurrence after the save under the new
     definition (no back-fill, no burst, never an occurrence already emitted); a disabled one has
     none. Saving an existing schedule writes only its definition fields, under the row lock: the
     scheduler's bookkeeping (last occurrence, next occurrence, skipped count) is never written back
     from a copy, so a form loaded before, or saved during, a scheduler tick cannot rewind it. Times
-    are database time (``store.db_now()``).
+    are database time. The planning is the schedules service's
+    (:func:`django_leasequeue.schedules.save`), which the app config installs.
     """
 
     class CatchUp(models.TextChoices):
@@ -226,173 +227,104 @@ class Schedule(models.Model):
     def save(self, **kwargs: Any) -> None:
         """Validate (``full_clean``), keep ``next_occurrence_at`` right, then save.
 
-        A new schedule is inserted with the first occurrence after its creation. An existing one
-        is updated in one transaction that first locks its row (:func:`store.schedule_lock_for_save`): only the
-        definition fields are written (``update_fields``, minus the scheduler's bookkeeping
-        ``last_occurrence_at``, ``next_occurrence_at`` and ``skipped_occurrences``), so a copy read
-        before a scheduler tick (an admin form) cannot put that bookkeeping back. When the save
-        changes the cron expression or time zone, or re-enables the schedule, ``next_occurrence_at``
-        is recomputed under the lock from database time, never at or before the last occurrence
-        already emitted; disabling clears it. The instance's bookkeeping attributes are refreshed
-        from the locked row.
+        The planning and the locked, definition-only write are the schedules service's
+        (:func:`django_leasequeue.schedules.save`): a new schedule is inserted with the first
+        occurrence after its creation; an existing one is updated under its row lock, writing only
+        the definition fields (never the scheduler's bookkeeping, :data:`SCHEDULE_BOOKKEEPING`), and
+        its ``next_occurrence_at`` is recomputed when the cron expression or time zone changes or
+        the schedule is re-enabled, and cleared when it is disabled. The instance's bookkeeping
+        attributes are refreshed from the locked row.
 
         Args:
             **kwargs: as :meth:`django.db.models.Model.save` (``using``, ``update_fields``...).
 
         Raises:
             ValidationError: the schedule is invalid (nothing is written).
+            ImproperlyConfigured: the app registry is not ready (no schedules service installed).
         """
         self.full_clean(validate_unique=False, validate_constraints=False)
-        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-        if self._state.adding or self.pk is None or kwargs.get("force_insert"):
-            self._plan_new_occurrence(using)
-            super().save(**kwargs)
-            return
-        from . import store
-
-        with transaction.atomic(using=using):
-            old = store.schedule_lock_for_save(self.pk, alias=using)
-            if old is None:  # deleted meanwhile: Django's save() inserts it again, as a new row
-                self._plan_new_occurrence(using)
-                super().save(**kwargs)
-                return
-            replan = self._replan_next_occurrence(old, using)
-            update_fields = kwargs.get("update_fields")
-            owned = ({f.name for f in self._meta.concrete_fields if not f.primary_key} if update_fields is None
-                     else set(update_fields)) - set(SCHEDULE_BOOKKEEPING)
-            if replan:
-                owned.add("next_occurrence_at")
-            else:
-                self.next_occurrence_at = old["next_occurrence_at"]
-            self.last_occurrence_at = old["last_occurrence_at"]
-            self.skipped_occurrences = old["skipped_occurrences"]
-            super().save(**{**kwargs, "update_fields": owned})
+        _schedule_service().save(self, super().save, **kwargs)
 
     @property
     def zone_name(self) -> str:
         """The IANA zone the cron expression is read in: ``timezone``, or ``settings.TIME_ZONE`` if blank."""
-        return _zone_name(self.timezone)
+        return schedule_zone_name(self.timezone)
 
     def clean_fields(self, exclude: Iterable[str] | None = None) -> None:
-        """Django's field validation plus the schedule's own checks (see the class docstring).
+        """Django's field validation plus the schedule's own checks (see the class docstring and
+        :func:`django_leasequeue.schedules.definition_errors`).
 
         Raises:
             ValidationError: keyed by field, each message naming the offending value.
+            ImproperlyConfigured: the app registry is not ready (no schedules service installed).
         """
+        service = _schedule_service()
         errors: dict[str, Any] = {}
         exclude = set(exclude or ())
         # Arguments first: our message names the offending value, Django's says "Value must be valid JSON".
         others = {f.name for f in self._meta.fields} - {"args", "kwargs"}
-        for field, message in self._definition_errors(exclude | others):
+        for field, message in service.definition_errors(self, exclude | others):
             errors.setdefault(field, []).append(ValidationError(message, code="invalid_schedule"))
         try:
             super().clean_fields(exclude=exclude | set(errors))
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
-        for field, message in self._definition_errors(exclude | set(errors) | {"args", "kwargs"}):
+        for field, message in service.definition_errors(self, exclude | set(errors) | {"args", "kwargs"}):
             errors.setdefault(field, []).append(ValidationError(message, code="invalid_schedule"))
         if errors:
             raise ValidationError(errors)
 
-    def _definition_errors(self, skip: set[str]) -> Iterator[tuple[str, str]]:
-        from . import cron, registry
-        from .conf import get_settings
-        from .exceptions import PayloadNotSerializable, UnknownTask
 
-        if "cron" not in skip:
-            try:
-                cron.validate_cron(self.cron)
-            except cron.InvalidCron as exc:
-                yield "cron", str(exc)
-        if "timezone" not in skip:
-            try:
-                cron.validate_timezone(self.zone_name)
-            except cron.InvalidTimezone as exc:
-                where = "" if self.timezone else " (blank timezone: the project's TIME_ZONE)"
-                yield "timezone", f"{exc}{where}"
-        if "task" not in skip and self.enabled:
-            registry.autodiscover()
-            try:
-                registry.get_task(self.task)
-            except UnknownTask:
-                hint = registry.did_you_mean(self.task)
-                hint = f"; {hint}" if hint else ""
-                yield "task", (f"task {self.task!r} is not registered (no @task of that name in an app's "
-                               f"tasks.py / jobs.py or in LEASEQUEUE['IMPORTS']){hint}")
-        if "args" not in skip:
-            if not isinstance(self.args, list):
-                yield "args", f"args must be a JSON list of positional arguments, got {self.args!r}"
-            else:
-                try:
-                    registry.check_json(self.args, "args")
-                except PayloadNotSerializable as exc:
-                    yield "args", str(exc)
-        if "kwargs" not in skip:
-            if not isinstance(self.kwargs, dict):
-                yield "kwargs", f"kwargs must be a JSON object of keyword arguments, got {self.kwargs!r}"
-            else:
-                try:
-                    registry.check_json(self.kwargs, "kwargs")
-                except PayloadNotSerializable as exc:
-                    yield "kwargs", str(exc)
-        if "queue" not in skip and self.queue:
-            settings = get_settings()
-            if not settings.queue_allowed(self.queue):
-                allowed = sorted(settings.queues or [])
-                yield "queue", f"unknown queue {self.queue!r}; LEASEQUEUE['QUEUES'] allows {allowed}"
-        if "priority" not in skip and isinstance(self.priority, int) and not -100 <= self.priority <= 100:
-            yield "priority", f"priority must be from -100 to 100, got {self.priority!r}"
-        if "catch_up_limit" not in skip and isinstance(self.catch_up_limit, int) and self.catch_up_limit < 1:
-            yield "catch_up_limit", f"catch_up_limit must be >= 1, got {self.catch_up_limit!r}"
+def schedule_zone_name(timezone: str) -> str:
+    """The IANA zone a schedule with this ``timezone`` field is read in.
 
-    def _plan_new_occurrence(self, using: str) -> None:
-        """Set ``next_occurrence_at`` of a schedule about to be inserted (none if disabled; the first
-        occurrence after now unless the caller gave the bookkeeping)."""
-        from . import cron, store
+    Args:
+        timezone: the field's value; blank means the project's zone.
 
-        if not self.enabled:
-            self.next_occurrence_at = None
-        elif self.last_occurrence_at is None and self.next_occurrence_at is None:
-            self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, store.db_now(using))
-
-    def _replan_next_occurrence(self, old: dict[str, Any], using: str) -> bool:
-        """Recompute ``next_occurrence_at`` if this save changes what it depends on.
-
-        Args:
-            old: the locked row's ``cron``, ``timezone``, ``enabled`` and bookkeeping fields.
-
-        Returns:
-            True when ``next_occurrence_at`` was recomputed (a new cron expression or time zone, or
-            re-enabled: the first occurrence after database time and after the last one emitted)
-            or cleared (disabled); False when the stored value stands.
-        """
-        from . import cron, store
-
-        if not self.enabled:
-            self.next_occurrence_at = None
-            return old["next_occurrence_at"] is not None
-        if old["cron"] == self.cron and _zone_name(old["timezone"]) == self.zone_name and old["enabled"]:
-            return False
-        # From the later of now and the last occurrence emitted: no back-fill, and never an
-        # occurrence the scheduler already emitted (its job may have been pruned since).
-        after = _latest(store.db_now(using), old["last_occurrence_at"])
-        assert after is not None
-        self.next_occurrence_at = cron.next_occurrence(self.cron, self.zone_name, after)
-        return True
-
-
-def _zone_name(timezone: str) -> str:
+    Returns:
+        ``timezone``, else ``settings.TIME_ZONE``, else ``"UTC"``.
+    """
     from django.conf import settings
 
     return timezone or settings.TIME_ZONE or "UTC"
 
 
-def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)
+class ScheduleService(Protocol):
+    """What :class:`Schedule` asks of the schedules service (:mod:`django_leasequeue.schedules`).
+
+    The model imports no service: the app config's ``ready()`` installs the service with
+    :func:`install_schedule_service`, so the imports flow one way (service -> model).
+    """
+
+    def definition_errors(self, schedule: Schedule, skip: set[str]) -> Iterator[tuple[str, str]]:
+        """``(field, message)`` for each problem of the definition, skipping the fields in ``skip``."""
+        ...
+
+    def save(self, schedule: Schedule, write: Callable[..., None], **kwargs: Any) -> None:
+        """Plan the next occurrence and write the schedule through ``write`` (``Model.save``)."""
+        ...
+
+
+_service: ScheduleService | None = None
+
+
+def install_schedule_service(service: ScheduleService) -> None:
+    """Install the service that validates and saves schedules (called by the app config's ``ready()``).
+
+    Args:
+        service: an object (or module) with ``definition_errors`` and ``save`` as in
+            :class:`ScheduleService`.
+    """
+    global _service
+    _service = service
+
+
+def _schedule_service() -> ScheduleService:
+    if _service is None:
+        raise ImproperlyConfigured(
+            "django_leasequeue's schedules service is not installed: add 'django_leasequeue' to "
+            "INSTALLED_APPS and call django.setup() before validating or saving a Schedule")
+    return _service
 
 
 class QueueState(models.Model):

@@ -1,4 +1,4 @@
-"""Where the time of one ``enqueue()`` goes: the loops behind docs/performance.md's breakdown.
+"""Where the time of one ``enqueue()`` goes: the loops behind docs/howto/performance.md's breakdown.
 
 Measures, back to back on one scratch database, the time per call of (each a loop of ``--n``
 calls, every call its own transaction and commit)::
@@ -14,7 +14,7 @@ calls, every call its own transaction and commit)::
 Each row is the median over ``--reps`` rounds; the rounds run the loops in rotation, so load from
 other processes hits them alike. Compare the rows with each other, not with another machine or
 another moment: on a shared machine the absolute figures vary by tens of percent. The py-spy shares
-quoted in docs/performance.md are not reproduced here; take them with
+quoted in docs/howto/performance.md are not reproduced here; take them with
 ``py-spy record --idle --format raw -- python bench/enqueue_breakdown.py --only enqueue``.
 
 Usage (from the repository root; creates and drops ``<LQBENCH_DB>_enqbd``, default

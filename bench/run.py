@@ -5,7 +5,7 @@ Usage (from the repository root; ``scripts/bench`` wraps it)::
     python bench/run.py                 # full run: every row, median of 3, then the peer queues
     python bench/run.py --quick         # smoke test: fewer jobs, 1 repetition, small peer run
     python bench/run.py --only drain,latency --skip-peers
-    python bench/run.py --write-docs    # also put the table into docs/performance.md
+    python bench/run.py --write-docs    # also put the table into docs/howto/performance.md
     python bench/run.py --drop-cache    # drop the cached 10M-row database and exit
 
 Rows (each the median of ``--reps`` runs, on a fresh database copied from a migrated template):
@@ -44,7 +44,7 @@ default ``leasequeue_bench``; the runner also uses ``<name>_tpl``; the peers har
 Progress goes to stderr, the table to stdout and ``build/bench/results.md``, raw results to
 ``--out`` (default ``build/bench/results.json``). Peers that drain below ~150 jobs/s (``SLOW_PEERS``)
 run 2,000 jobs instead of ``--jobs`` so that the full run takes about 30 minutes on 2 cores (27.2 min
-for the table in docs/performance.md).
+for the table in docs/howto/performance.md).
 """
 
 from __future__ import annotations
@@ -203,10 +203,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     ap.add_argument("--drop-cache", action="store_true",
                     help="drop the cached large claim-cost databases (rebuilt when needed) and exit")
     ap.add_argument("--write-docs", action="store_true",
-                    help="also put the table into docs/performance.md (between its bench-results markers)")
+                    help="also put the table into docs/howto/performance.md (between its bench-results markers)")
     ap.add_argument("--render", metavar="RESULTS_JSON",
                     help="measure nothing: print the table of an earlier run from its raw results (--out file), "
-                    "in this version's format; with --write-docs, also into docs/performance.md")
+                    "in this version's format; with --write-docs, also into docs/howto/performance.md")
     ap.add_argument("--no-async-row", action="store_true", help="skip the 2 x 4 ASYNC_COMPLETIONS drain row")
     ap.add_argument("--db", default=os.environ.get("LQBENCH_DB", "leasequeue_bench"),
                     help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
@@ -1019,7 +1019,7 @@ def report(cfg: Config, results: dict) -> str:
         w(f"**Quick run** (smoke test): {cfg.jobs:,} jobs per drain{per_peer}, {cfg.reps} repetition(s). "
           "The targets and the peer ratios are set for the full run (20,000 jobs, median of 3) and are not "
           "comparable here: with fewer jobs, start-up and warm-up weigh more (the drain ratio to the best peer "
-          "comes out lower), so the verdicts are indicative only; see docs/performance.md.")
+          "comes out lower), so the verdicts are indicative only; see docs/howto/performance.md.")
     if any(s in results for s in MAIN_SECTIONS):
         w("")
         w("| row | result | target | verdict |")
@@ -1140,12 +1140,12 @@ def report(cfg: Config, results: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-DOCS = os.path.join(REPO, "docs", "performance.md")
+DOCS = os.path.join(REPO, "docs", "howto", "performance.md")
 DOCS_START, DOCS_END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
 
 
 def write_docs(text: str) -> None:
-    """Replace the measured table in docs/performance.md (between its bench-results markers), its
+    """Replace the measured table in docs/howto/performance.md (between its bench-results markers), its
     headings demoted to fit under the page's own."""
     with open(DOCS) as f:
         page = f.read()

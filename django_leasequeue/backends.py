@@ -14,7 +14,7 @@ Django 5.2; see :mod:`django_leasequeue.compat_tasks`)::
 and run ``manage.py runworker``. Every framework task then gets our leases, heartbeats, fencing
 tokens, retries with backoff, dead letters and admin replay.
 
-How it maps (docs/django-tasks.md has the user's view):
+How it maps (docs/howto/django-tasks.md has the user's view):
 
 * ``enqueue``/``aenqueue`` validate through :func:`registry.build_job` (JSON arguments, queue,
   priority, ``run_after`` as an aware datetime or a ``timedelta`` from the database clock) and

@@ -156,7 +156,7 @@ DEFAULTS: dict[str, Any] = {
     # Commit the worker's batched completions with synchronous_commit = off (per transaction, never
     # the server setting). A crash of PostgreSQL may then lose the last few hundred milliseconds of
     # completions: those jobs are leased again, and when the lease expires the reaper counts a failed
-    # attempt: they run again, or are dead-lettered on their last attempt (docs/performance.md).
+    # attempt: they run again, or are dead-lettered on their last attempt (docs/howto/performance.md).
     # Fencing is unchanged. Enqueues and claims stay durable.
     "ASYNC_COMPLETIONS": False,
     # Rolling deploys: workers claim only the tasks they have registered. A due ready job whose

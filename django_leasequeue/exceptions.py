@@ -81,7 +81,7 @@ class Snooze(LeaseQueueError):  # noqa: N818 - the name is the verb, as in Oban 
     """Raise (or return) ``Snooze(seconds)`` from a handler to run the job again later.
 
     The job goes back to ``ready`` with ``run_at = now + seconds`` (database time); the attempt is
-    not counted as a failure (see docs/flow-control.md for how snoozes count against attempts).
+    not counted as a failure (see docs/howto/flow-control.md for how snoozes count against attempts).
 
     Args:
         seconds (float): delay before the job is due again, in seconds (>= 0).

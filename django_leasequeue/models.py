@@ -332,7 +332,7 @@ class QueueState(models.Model):
 
     Rows are created on first use (pause, or the first claim from a rate-limited queue). The
     rate-limit log (``rate_log``) is written only by ``store.job_claim`` while
-    it holds this row's lock; see docs/flow-control.md.
+    it holds this row's lock; see docs/howto/flow-control.md.
     """
 
     name = models.CharField(max_length=100, primary_key=True)

@@ -892,7 +892,7 @@ def enqueue(task_or_name: Task[..., Any] | str, args: Sequence[Any] = (), kwargs
         UnknownTask: ``task_or_name`` is a name nobody registered.
         django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
             transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed
-            ``unique_key`` after its snapshot; retry the whole transaction (docs/idempotency.md).
+            ``unique_key`` after its snapshot; retry the whole transaction (docs/howto/idempotency.md).
     """
     spec = _resolve_spec(task_or_name)
     new = build_job(spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,

@@ -16,7 +16,7 @@ the time the scheduler noticed it, and the job's ``run_at`` is that instant.
 
 Schedules come from the admin (or any ``Schedule.save()``) and from the ``LEASEQUEUE_SCHEDULES``
 setting, which :func:`sync_schedules` writes into the table when a scheduler starts (and
-``manage.py syncschedules``). Settings win for the schedules they declare; see docs/schedules.md.
+``manage.py syncschedules``). Settings win for the schedules they declare; see docs/howto/schedules.md.
 
 Each scheduler process registers a ``WorkerProcess`` row of kind ``"scheduler"`` and stamps its
 ``last_tick_at`` on every tick, so monitoring can tell a stopped scheduler.

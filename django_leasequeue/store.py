@@ -19,7 +19,7 @@ Rules every statement follows:
   LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
   ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
   subquery into a nested loop that updates more rows than asked for (Oban #652).
-* **Flow control is part of the claim** (docs/flow-control.md): every eligibility rule (due,
+* **Flow control is part of the claim** (docs/howto/flow-control.md): every eligibility rule (due,
   ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
   inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
   then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
@@ -391,7 +391,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           jsonb_array_length(j.errors), (extract(epoch FROM j.run_at) * 1000000)::bigint
 """
 
-# Per-key concurrency limits (docs/flow-control.md). A candidate with a concurrency key is
+# Per-key concurrency limits (docs/howto/flow-control.md). A candidate with a concurrency key is
 # admitted only if fewer than its concurrency_limit jobs of that key are leased, counting the
 # ones this statement already admitted; leasequeue_conc_admit() (migration 0002) serialises the
 # claimers of one key with a transaction-scoped advisory lock and counts on a fresh snapshot, so

@@ -17,7 +17,7 @@ pytest-django ``db`` test (one transaction that no other connection can see) as 
   a stale worker against a worker that took its lease over, and reports what each one achieved.
 
 The pytest plugin (:mod:`django_leasequeue.pytest_plugin`) wraps these in fixtures
-(``leasequeue``, ``leasequeue_clock``, ``leasequeue_eager``). The guide is ``docs/testing.md``.
+(``leasequeue``, ``leasequeue_clock``, ``leasequeue_eager``). The guide is ``docs/howto/testing.md``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
   ``PGPASSWORD`` as for libpq.
 * ``LQBENCH_LEASE`` (seconds, default 30), ``LQBENCH_POLL_INTERVAL`` (default 1).
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
-  commit with ``synchronous_commit = off``; see docs/performance.md).
+  commit with ``synchronous_commit = off``; see docs/howto/performance.md).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
 """
 

@@ -112,7 +112,7 @@ TASKS = {
     }
 }
 
-# Recurring schedules (docs/schedules.md), synced into the schedule table when a scheduler starts
+# Recurring schedules (docs/howto/schedules.md), synced into the schedule table when a scheduler starts
 # (`manage.py runscheduler`, `runworker --with-scheduler`) or by `manage.py syncschedules`. These
 # are owned by settings: edits in the admin are overwritten at the next sync.
 LEASEQUEUE_SCHEDULES = {

@@ -224,7 +224,7 @@ def test_enqueue_fast_paths_keep_unique_keys_in_both_scopes(scope):
 
 
 def test_a_lost_async_done_mark_is_a_failed_attempt_dead_on_the_last_one():
-    """What docs/performance.md says ASYNC_COMPLETIONS can lose: a PostgreSQL crash that drops a
+    """What docs/howto/performance.md says ASYNC_COMPLETIONS can lose: a PostgreSQL crash that drops a
     committed-but-unflushed completion leaves the row as the claim wrote it (leased, old token)
     while the worker has moved on. The row's fate is then the reaper's: a LeaseExpired attempt,
     and dead-lettered when it was the last one, although the handler succeeded."""

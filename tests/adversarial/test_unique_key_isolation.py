@@ -1,4 +1,4 @@
-"""Adversarial review, unique keys and isolation levels (documented in docs/idempotency.md,
+"""Adversarial review, unique keys and isolation levels (documented in docs/howto/idempotency.md,
 "Unique keys and isolation levels").
 
 Unique-key enqueue relies on READ COMMITTED, Django's and PostgreSQL's default: a key committed by

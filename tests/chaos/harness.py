@@ -24,7 +24,7 @@ Times that go into the results (fault instants, recoveries) are read from the da
 because that is the only clock the queue uses.
 
 Each test records a row of ``build/reliability.json`` with :func:`record`;
-``python -m tests.chaos.report`` renders them as the table in ``docs/reliability.md``.
+``python -m tests.chaos.report`` renders them as the table in ``docs/explanation/reliability.md``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ working.
 
 A worker holds two kinds of leases: jobs whose handler runs, and jobs it prefetched (claimed
 beyond its free threads, leased and heartbeated, waiting for a thread; on by default, see
-docs/performance.md). Each frozen worker is caught with a handler that has started (it wrote a
+docs/howto/performance.md). Each frozen worker is caught with a handler that has started (it wrote a
 started marker, ``qa.chaos`` with ``mark=True``), and the second one also with prefetched jobs
 that no thread had started: those must be taken back and never run under their old tokens."""
 

@@ -7,7 +7,7 @@ returned". But their completions cannot be written while the database refuses co
 worker's stop waits ``SHUTDOWN_GRACE`` for its held jobs (the returned ones included), its final
 flush fails, and it exits ("could not write the last completions; those jobs will be retried after
 their lease"). Once the database is back the reaper takes the leases back and another worker runs
-every one of those jobs again, each a counted ``LeaseExpired`` attempt. docs/reliability.md's
+every one of those jobs again, each a counted ``LeaseExpired`` attempt. docs/explanation/reliability.md's
 "When a job can run twice" does not list this case; its first case says the window between a
 return and its completion "is short", which an outage makes as long as the outage.
 

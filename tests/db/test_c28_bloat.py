@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PUSHED = 200_000
 PRUNE_BATCH = 1000
 # The case asks for a bound such as 20 ms at p95 for a claim; this 2-core machine is shared with
-# other test runs (load 4-10), so the test allows 50 ms and docs/reliability.md reports the figure.
+# other test runs (load 4-10), so the test allows 50 ms and docs/explanation/reliability.md reports the figure.
 CLAIM_P95_BOUND = 0.050
 
 

@@ -47,7 +47,7 @@ LEASES = [1.0, 2.5, 5.0]
 MAX_SNOOZES = 2
 HAS_REPLAY = hasattr(store, "job_replay")
 
-# The lifecycle diagram (docs/design.md), plus staying put.
+# The lifecycle diagram (docs/explanation/design.md), plus staying put.
 LEGAL = {
     ("ready", "leased"), ("ready", "cancelled"),
     ("leased", "done"), ("leased", "ready"), ("leased", "dead"), ("leased", "cancelled"),

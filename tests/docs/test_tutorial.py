@@ -1,4 +1,4 @@
-"""docs/tutorial.md, followed as a newcomer would: a fresh project from ``startproject``, the page's
+"""docs/tutorials/tutorial.md, followed as a newcomer would: a fresh project from ``startproject``, the page's
 files written from its code blocks, its commands run in order, its printed outputs compared.
 
 The page is the script. Its fenced blocks are read in order:
@@ -31,7 +31,7 @@ import pytest
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PAGE = ROOT / "docs" / "tutorial.md"
+PAGE = ROOT / "docs" / "tutorials" / "tutorial.md"
 
 pytestmark = [pytest.mark.process]
 
@@ -130,7 +130,7 @@ def schedule_jobs_done(project: Project, count: int) -> bool:
 
 def test_the_tutorial_works_as_written(project):
     page = blocks()
-    assert page, "no code blocks found in docs/tutorial.md"
+    assert page, "no code blocks found in docs/tutorials/tutorial.md"
     pending_output: tuple[str, str] | None = None  # (what produced it, its output) awaiting the next block
     ran_schedule = False
     for index, (language, title, body) in enumerate(page):
@@ -174,7 +174,7 @@ def test_the_tutorial_works_as_written(project):
                 elif command.startswith("python manage.py "):
                     project.manage(*command.split()[2:])
                 else:
-                    pytest.fail(f"docs/tutorial.md block {index}: no test step for the command {command!r}")
+                    pytest.fail(f"docs/tutorials/tutorial.md block {index}: no test step for the command {command!r}")
     assert ran_schedule
     statuses = dict(project.query("SELECT status, count(*) FROM leasequeue_job WHERE schedule_id IS NULL "
                                   "GROUP BY status"))

@@ -1,4 +1,4 @@
-"""The worked example of docs/testing.md, verbatim: tests of the invoice handler written with the
+"""The worked example of docs/howto/testing.md, verbatim: tests of the invoice handler written with the
 pytest plugin's fixtures. Keep the two in step."""
 
 import pytest

@@ -153,7 +153,7 @@ def test_drain_with_real_commits(accounts):
 
 
 def test_drain_and_eager_do_not_enforce_a_tasks_timeout(db):
-    """docs/testing.md says so: the helpers run the handler inline, with no heartbeat to time it
+    """docs/howto/testing.md says so: the helpers run the handler inline, with no heartbeat to time it
     out, so a handler past its ``timeout`` ends done (a worker would record JobTimedOut)."""
     import time
 

@@ -1,4 +1,4 @@
-"""django-leasequeue benchmark: one command, its own databases, one table (issue 8).
+"""django-leasequeue benchmark: one command, its own databases, one table.
 
 Usage (from the repository root; ``scripts/bench`` wraps it)::
 
@@ -43,8 +43,7 @@ default ``leasequeue_bench``; the runner also uses ``<name>_tpl``; the peers har
 ``bench_<system>``, dropped after the peers run unless ``--keep``); ``PEERS_VENV``; ``PEERS_DIR``.
 Progress goes to stderr, the table to stdout and ``build/bench/results.md``, raw results to
 ``--out`` (default ``build/bench/results.json``). Peers that drain below ~150 jobs/s (``SLOW_PEERS``)
-run 2,000 jobs instead of ``--jobs`` so that the full run takes about 30 minutes on 2 cores (27.2 min
-for the table in docs/howto/performance.md).
+run 2,000 jobs instead of ``--jobs`` so that the full run takes about 30 minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ class JobJSONDecoder(json.JSONDecoder):
     of the same value instead of raising ValueError.
 
     Enqueue refuses such integers, but a row written by hand or by an older version may hold one;
-    without this, reading that row through the ORM (the admin's job page, ``refresh_from_db()``)
-    raised. The worker does not run such a job: its claim dead-letters it as ``CorruptRow``.
+    without this decoder, reading that row through the ORM (the admin's job page,
+    ``refresh_from_db()``) would raise. The worker does not run such a job: its claim dead-letters it as ``CorruptRow``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-# Flow control (issue 7): the per-queue rate-limit log and throttle counter on leasequeue_queue,
+# Flow control: the per-queue rate-limit log and throttle counter on leasequeue_queue,
 # and the admission function that enforces per-key concurrency limits inside the claim.
 
 from django.db import migrations, models

@@ -1,6 +1,5 @@
-# The admin's queue dashboard (issue 4): a proxy of QueueState, no table. It gives the dashboard an
-# entry in the admin index, the URL admin/django_leasequeue/dashboard/ and a view permission.
-# Depends on flow control's 0002 because this branch contains it; the lead renumbers on merge.
+# The admin's queue dashboard: a proxy of QueueState, no table. It gives the dashboard an entry in
+# the admin index, the URL admin/django_leasequeue/dashboard/ and a view permission.
 
 from django.db import migrations
 

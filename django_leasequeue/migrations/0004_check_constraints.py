@@ -4,8 +4,8 @@ Why: the claim statement computes ``attempts + 1``, ``lease_version + 1``, ``now
 make_interval(secs => lease_seconds)`` and ``jsonb_array_length(errors)`` for every row it takes, and
 the worker reads the times back into Python. One row written by hand or by an older version with a
 value outside these ranges (``lease_seconds = 1e300``, ``attempts`` at the int maximum, a ``run_at``
-of ``-infinity`` or past year 9999, ``errors`` that is not an array) made every claim fail, for
-every worker, until the row was fixed in SQL. Enqueue refuses such values before the INSERT; these
+of ``-infinity`` or past year 9999, ``errors`` that is not an array) would make every claim fail, for
+every worker, until the row is fixed in SQL. Enqueue refuses such values before the INSERT; these
 constraints make the database refuse them from every other writer too.
 
 How, without locking a large table for long (the migration is not atomic: each step commits on

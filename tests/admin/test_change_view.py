@@ -1,9 +1,9 @@
-"""Adversarial review, the admin: no admin request writes a job row from a form copy.
+"""The job change page writes no job row: a POST from any user, ``change_job`` included, changes
+nothing.
 
-Before the fix the job change page hid its Save buttons but still accepted a POST from any user
-with ``change_job``: every field being read-only, the empty form was valid and ``save_model()``
-saved the whole row as read at the start of the request. A claim that committed in between was
-overwritten (status back to ready, old token), so a second worker could claim the job with the
+Every field of the page is read-only, so an empty form would be valid; saving it would write back
+the whole row as read at the start of the request. A claim committed in between would then be
+overwritten (status back to ready, old token), and a second worker could claim the job with the
 *same* fencing token as the first: two holders whose fenced writes both pass.
 """
 

@@ -1,6 +1,5 @@
-"""The Django tasks backend's enqueue checks values as ``enqueue()`` does (issue "Reliability II",
-finding 3): a ``run_after`` past year 9999 in UTC is refused before the INSERT. Before: the row was
-written, then reading it back raised ``DataError``."""
+"""The Django tasks backend's enqueue checks values as ``enqueue()`` does: a ``run_after`` past year
+9999 in UTC is refused before the INSERT, and no row is written."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Adversarial review, unique keys and isolation levels (documented in docs/idempotency.md,
-"Unique keys and isolation levels").
+"""Unique keys and isolation levels (documented in docs/idempotency.md, "Unique keys and isolation
+levels").
 
 Unique-key enqueue relies on READ COMMITTED, Django's and PostgreSQL's default: a key committed by
 another transaction while the caller's transaction runs is found and that job returned. Under

@@ -1,12 +1,12 @@
-"""Adversarial review, enqueue input: a value the job table cannot store (or would store as
-something else) is refused by validation with a :class:`LeaseQueueError` *before any SQL runs*, so
-the caller's transaction is never aborted by a database error, and no poisoned row can stop a queue.
+"""Enqueue input the job table cannot store (or would store as something else) is refused by
+validation with a :class:`LeaseQueueError` *before any SQL runs*, so the caller's transaction is
+never aborted by a database error, and no poisoned row can stop a queue.
 
-Before the fix these reached PostgreSQL: NUL and lone surrogates, an over-long queue name, a huge
-``max_attempts`` or ``run_at`` delay raised a raw ``DataError`` that aborted the caller's
-transaction; a 5,000-deep list raised ``RecursionError``; ``using(lease=nan/inf/1e300)`` stored a
-row on which every claim statement failed ("interval out of range"), stopping the whole queue; a
-negative lease made a job expire the instant it was claimed; floats from 1e16 came back as ints.
+Refused: NUL and lone surrogates, an over-long queue name, a huge ``max_attempts`` or ``run_at``
+delay (each would raise a raw ``DataError`` that aborts the caller's transaction); a 5,000-deep
+list (``RecursionError``); ``using(lease=nan/inf/1e300)`` (a row on which every claim statement
+fails, "interval out of range", stopping the whole queue); a negative lease (a job that expires
+the instant it is claimed). Floats from 1e16 come back as floats.
 """
 
 import functools

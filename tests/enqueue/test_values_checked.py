@@ -1,17 +1,13 @@
-"""Reliability II, "every value checked before it is written" and "one bad row harms only itself".
+"""Every value is checked before it is written, and one bad row harms only itself.
 
-Findings and their figures on main (before) and here (after):
-
-* Finding 3: ``enqueue()`` with an aware ``run_at`` whose UTC value is past year 9999 raised a
-  ``DataError`` while decoding ``RETURNING`` *after* the INSERT, so in autocommit 1 row was committed
-  by a call that raised. Now: ``EnqueueError`` before any SQL, 0 rows, on every enqueue path.
-* Finding 7: ``@task(backoff="2s")`` and ``backoff=-5`` were accepted; such a failing handler's job
-  stayed leased (the backoff raised outside the executor's ``try``) and died with only
-  ``LeaseExpired``; ``Backoff(factor=1e5)`` raised ``OverflowError``; a ``__str__`` raising
-  SystemExit escaped ``describe_error``. Now: refused at declaration, the handler's own error is
-  recorded whatever the retry policy does, ``delay()`` is capped without overflow.
-* Finding 10: ``" default"``, ``"a,b"`` and ``"*"`` were accepted as queue names at enqueue though
-  ``runworker --queues`` cannot name them. Now one grammar (``conf.queue_name_problem``) everywhere.
+* ``run_at`` past year 9999 in UTC: ``enqueue()`` with such an aware ``run_at`` raises
+  ``EnqueueError`` before any SQL and writes 0 rows, on every enqueue path (a ``DataError`` while
+  decoding ``RETURNING`` would come *after* the INSERT, with the row committed in autocommit).
+* Task options: ``@task(backoff="2s")`` and ``backoff=-5`` are refused at declaration; the
+  handler's own error is recorded whatever the retry policy does (a backoff that raises, an error
+  whose ``__str__`` raises SystemExit); ``Backoff(factor=1e5).delay()`` is capped without overflow.
+* Queue names: one grammar (``conf.queue_name_problem``) everywhere, so ``" default"``, ``"a,b"``
+  and ``"*"``, which ``runworker --queues`` cannot name, are refused at enqueue.
 """
 
 from __future__ import annotations

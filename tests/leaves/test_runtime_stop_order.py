@@ -1,8 +1,8 @@
 """Graceful stop order of services sharing one process (no database needed).
 
-The newcomer trial saw ``runworker --with-scheduler`` emit one more occurrence after Ctrl+C: the
-scheduler kept ticking while the worker spent its grace period finishing jobs. A service that
-produces work (``stops_first``) now stops at once; the others stop in order.
+A service that produces work (``stops_first``, e.g. the scheduler in ``runworker
+--with-scheduler``) stops at once, so it emits nothing more while the worker spends its grace
+period finishing jobs; the others stop in order.
 """
 
 import threading

@@ -1,5 +1,5 @@
-"""Adversarial review of issue 13: the reaper's outage rule must not keep a really dead worker's
-jobs from being recovered. A database clock set back after running ahead does, on main.
+"""The reaper's outage rule must not keep a really dead worker's jobs from being recovered, even
+after the database clock was set back having run ahead.
 
 The rule (``store.JOB_REAP``): each sweep records ``last_sweep_at = greatest(previous, now)`` by
 the database's real clock; a sweep more than the silence after the previous one records
@@ -8,19 +8,18 @@ the database's real clock; a sweep more than the silence after the previous one 
 Let the database server's clock run ahead, by an hour say (a VM resumed with a wrong clock, a bad
 NTP source), and then be set right. The first sweep after the jump forward sees an hour of
 "silence" and records ``resumed_at`` an hour ahead, and ``greatest()`` keeps ``last_sweep_at`` an
-hour ahead once the clock is right again. From then on ``last_sweep_at >= resumed_at + lease``
-stays false until the real clock has caught up with the wrong one: for an hour (for as long as the
-clock was wrong), no expired lease is taken back by any reaper, so the jobs of a SIGKILLed worker
-are not recovered, whatever the number of workers or reapers. (A backward step alone also stalls
-outage detection for its length: ``last_sweep_at`` stays ahead, so no silence is ever seen.)
+hour ahead once the clock is right again. Without a guard, ``last_sweep_at >= resumed_at + lease``
+would stay false until the real clock caught up with the wrong one, and no expired lease would be
+taken back for that hour. (A backward step alone would also stall outage detection for its
+length: ``last_sweep_at`` stays ahead, so no silence is ever seen.)
 
 A clock step cannot be made on a shared server, so the tests leave the sweep record as such a
 clock leaves it (the row's own two timestamps, an hour ahead), as ``tests/reaper/test_reaper_outage.py``
 simulates a silence. The expiry itself is judged by the database clock as usual.
 
-Now: a recorded sweep time more than the silence ahead of the clock means the clock went back; the
-sweep then restarts the record from the present clock, and the dead holder's jobs are recovered
-one lease later, as after any outage.
+The rule held here: a recorded sweep time more than the silence ahead of the clock means the clock
+went back; the sweep then restarts the record from the present clock, and the dead holder's jobs
+are recovered one lease later, as after any outage.
 """
 
 from __future__ import annotations

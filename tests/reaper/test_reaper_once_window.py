@@ -1,16 +1,15 @@
-"""Adversarial review of issue 13: "database outages of any length: 0 re-runs of jobs whose handler
-had already returned", with ``runreaper --once`` run from cron beside the workers.
+"""Database outages of any length cause 0 re-runs of jobs whose handler had already returned, with
+``runreaper --once`` run from cron beside the workers.
 
 A one-off sweep has no cadence to measure a silence by, so it judges by the clock alone
-(docs/explanation/leases.md). But on main it also ignored the window that the workers' own sweeps
-had recorded: right after an outage, while the workers' periodic sweeps leave expired leases to
-their holders for one lease (their returned jobs wait for the completer's next flush), a cron
-``runreaper --once`` took back every one of those leases; the holders' completions were then
-refused and every such job ran again.
+(docs/explanation/leases.md). Right after an outage, the workers' periodic sweeps leave expired
+leases to their holders for one lease (their returned jobs wait for the completer's next flush);
+a cron ``runreaper --once`` must not take those leases back, or the holders' completions would be
+refused and every such job would run again.
 
-Now a one-off sweep still never declares an outage itself, but honours one that a periodic sweep
-recorded (the sweep record's ``resumed_at``); with no periodic sweeper (workers run with
-``--no-reaper`` and only cron sweeps), it judges by the clock alone, as before.
+A one-off sweep never declares an outage itself, but honours one that a periodic sweep recorded
+(the sweep record's ``resumed_at``); with no periodic sweeper (workers run with ``--no-reaper`` and
+only cron sweeps), it judges by the clock alone.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Adversarial review of issue 13, "one bad row harms only itself", in the process registry.
+"""One bad row harms only itself, in the process registry.
 
 Rolling deploys put the task names of every worker in its registry row (``WorkerProcess.tasks``,
 a JSON list), and the reaper sweep of every worker reads them to judge ``UnknownTask``. A row whose
 ``tasks`` is not a list (written by hand, by another program, or by a later version that stores
-something else there) made that sweep fail ("cannot extract elements from an object") in every
-process, every time: no job of a task nobody knows was ever dead-lettered again, and each
-worker's sweep iteration logged the error (the claims go on: the next iteration claims).
-
-Now: a row whose task list is not a list counts as one that recorded none (a worker of an older
-version, taken to know every task).
+something else there) must not fail that sweep in every process ("cannot extract elements from an
+object"): it counts as a row that recorded no task list (a worker of an older version, taken to
+know every task), and the sweep dead-letters the unknown tasks of the others as usual.
 """
 
 from __future__ import annotations

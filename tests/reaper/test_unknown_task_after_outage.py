@@ -1,20 +1,19 @@
-"""Adversarial review of issue 13, rolling deploys: "UnknownTask only after UNKNOWN_TASK_GRACE with no
-live worker knowing the task" must hold after a database outage too.
+"""Rolling deploys after a database outage: a job is dead-lettered as ``UnknownTask`` only after
+``UNKNOWN_TASK_GRACE`` with no live worker knowing its task, and an outage must not fake that.
 
 The sweep judges liveness by the process rows' heartbeats (``PROCESS_ALIVE_WITHIN``, 30 s by
 default). A database outage longer than that leaves every worker's row stale at once. When the
 database is back, the processes reconnect one by one: the first sweep (an old worker's embedded
 reaper, or runreaper) can run while only some workers have beaten their row again. If the one that
 has not yet is the only one that knows a task, that task's due jobs (a backlog older than the
-grace, which an outage readily makes) are dead-lettered as ``UnknownTask`` although a worker that
-knows them is running. The outage rule of the reaper exists for exactly this misreading of a
-silence (expired leases after an outage); the unknown-task sweep did not apply it.
+grace, which an outage readily makes) would look unknown although a worker that knows them is
+running. The reaper's outage rule covers this misreading of a silence too.
 
 Played with the store's statements and the sweep record (the registry rows as two workers leave
 them across a 60 s outage, the old one's heartbeat back first), as ``tests/worker/test_rolling_deploy.py``
-and ``tests/reaper/test_reaper_outage.py`` do. Main: the job is dead-lettered. Now: for
-``PROCESS_ALIVE_WITHIN`` after the database came back (the sweep record's ``resumed_at``), no job
-is dead-lettered as UnknownTask; every live worker has beaten its row by then.
+and ``tests/reaper/test_reaper_outage.py`` do: for ``PROCESS_ALIVE_WITHIN`` after the database came
+back (the sweep record's ``resumed_at``), no job is dead-lettered as UnknownTask; every live worker
+has beaten its row by then.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Reliability II, "one bad row harms only itself": claimed rows are decoded one at a time, and the
-database refuses the values a claim computes with.
+"""One bad row harms only itself: claimed rows are decoded one at a time, and the database refuses
+the values a claim computes with.
 
-Finding 4, before and after: a 5,000-digit integer in one claimed row's args made the whole claim raise after it had
-committed: all 4 jobs of the batch stayed leased, 0 ran (the 3 innocent ``max_attempts=1`` jobs
-were later dead-lettered by the reaper without running). Now: the corrupt row is dead with a
-``CorruptRow`` error, the 3 others are returned and run to ``done``. A row with
-``lease_seconds = 1e300`` made every claim fail ("interval out of range"); now the database
-refuses such a row (migration 0004's CHECK constraints), and so for the other values a claim
-computes with (attempts, token, times, errors).
+A 5,000-digit integer in one claimed row's args dead-letters that row with a ``CorruptRow`` error;
+the other rows of the batch are returned and run to ``done`` (a claim that raised after it had
+committed would leave the whole batch leased, none run). A row with ``lease_seconds = 1e300``
+would make every claim fail ("interval out of range"), so the database refuses such a row
+(migration 0004's CHECK constraints), and so for the other values a claim computes with
+(attempts, token, times, errors).
 
 The robustness of the claim against ``lease_seconds = 1e300`` is shown by the database refusing the
 row (the constraint makes it impossible), not by dropping the constraint: with it dropped the claim

@@ -1,4 +1,4 @@
-"""A Hypothesis state machine of the job lifecycle against the real database (issue 6, part 3).
+"""A Hypothesis state machine of the job lifecycle against the real database.
 
 Rules drive the store's own statements with an explicit ``now`` (the model's clock): enqueue,
 claim by one of three workers, heartbeat (renew), fenced transactional completion
@@ -7,8 +7,8 @@ snooze, release, the clock moving on (leases expire), reap, cancel requests, and
 store has ``job_replay``). Every handle a claim returns stays in play after its lease is gone, so
 stale workers keep writing with old tokens.
 
-A plain Python model predicts every outcome; after every step the lifecycle's invariants
-section 3 are checked against the rows:
+A plain Python model predicts every outcome; after every step these invariants of the lifecycle
+are checked against the rows:
 
 * no double claim: no (job, token) pair is ever handed out twice, and a leased job has exactly one
   holder of its current token;

@@ -1,24 +1,22 @@
-"""Adversarial review of issue 13, "one bad row harms only itself": a fencing token at the bound of
-its CHECK constraint.
+"""One bad row harms only itself: a fencing token at the bound of its CHECK constraint.
 
 Migration 0004 bounds ``lease_version`` to ``0 .. 2**62`` so that no token can overflow, and keeps a
 ready row's ``attempts`` one below its bound "so that the claim's attempts + 1 can never be refused
-(which would fail the claim for every row of the batch)". The token got no such margin: every
-claim, reap and release writes ``lease_version + 1``. A row written by hand (the poison-row fault
-class) with the largest token the constraint accepts is therefore valid, and then:
+(which would fail the claim for every row of the batch)". Every claim, reap and release writes
+``lease_version + 1``, so a row written by hand (the poison-row fault class) with the largest
+token the constraint accepts must not break the statements that touch it:
 
-* ready with ``lease_version = 2**62``: every claim that reaches it is refused by the constraint
-  (``IntegrityError``): no worker claims anything from that queue again, all of them loop on
-  the error (main: the claim raises; a ``--burst`` worker never drains the 5 innocent jobs);
-* ready with ``2**62 - 1``: claimed (token ``2**62``), then its reap or its release on a
-  graceful stop is refused, with every other row of the same statement;
-* leased with ``2**62`` and an expired lease: every sweep of every reaper fails, so no expired
-  lease is ever taken back again: no dead worker's job is recovered (main: the reaper raises; the
-  workers' claims go on, in the loop iterations between their sweeps).
+* ready with ``lease_version = 2**62``: the claim steps over it and claims the others (a claim
+  refused by the constraint would fail every claim of that queue, and a ``--burst`` worker would
+  never drain the innocent jobs);
+* ready with ``2**62 - 1``: claimed (token ``2**62``); its reap or its release on a graceful stop
+  does not fail the other rows of the same statement;
+* leased with ``2**62`` and an expired lease: the sweep goes on and recovers the other expired
+  leases.
 
-Now: the claim steps over rows whose token could not take a claim and a reap (they stay as they
-are, for an operator to read), and the reaper and the release never push a token past the bound:
-a row there is dead-lettered instead of going back to ready.
+Rows whose token could not take a claim and a reap stay as they are, for an operator to read; the
+reaper and the release never push a token past the bound: a row there is dead-lettered instead of
+going back to ready.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Adversarial review II, the default completion path: a handler returns a value and the worker's
-batched completer marks the job done.
+"""The default completion path: a handler returns a value and the worker's batched completer marks
+the job done.
 
-Before the fixes: a job whose handler had returned left the heartbeat's set while its completion
-waited in the completer; after a failed flush the completer backed off up to 30 s and new
-submissions no longer woke it, so during a database outage the lease ran out and the reaper took
-back (and ran again) a job whose handler had returned. A batch the database refused on its data
-with an ``OperationalError`` (``ProgramLimitExceeded``, ``StatementTooComplex``) was treated as
-"database unreachable" and re-queued whole, forever; no limit bounded a result's size.
+A job whose handler has returned stays in the heartbeat's set until its completion is written, so
+its lease is renewed through a database outage and the reaper never takes back (and runs again) a
+returned job; new submissions wake a completer backing off after failed flushes; a batch the
+database refuses on its data with an ``OperationalError`` (``ProgramLimitExceeded``,
+``StatementTooComplex``) is completed row by row rather than re-queued whole; a result's size is
+bounded by ``MAX_RESULT_BYTES``.
 """
 
 from __future__ import annotations

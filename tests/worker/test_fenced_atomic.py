@@ -1,11 +1,10 @@
-"""Adversarial review, ``fenced_atomic()`` misuse: the job's completion and the block's writes
-commit together or not at all, whatever the handler does around the block.
+"""``fenced_atomic()`` misuse: the job's completion and the block's writes commit together or not
+at all, whatever the handler does around the block.
 
-Before the fix, a fenced block inside an outer ``atomic()`` only released a savepoint: when the
-outer block rolled back, the effect and the job's ``done`` were both undone, yet the executor
-reported "done" and the heartbeat stopped renewing, so the job sat ``leased`` until its lease
-expired. A second fenced block in the same attempt was refused by the (already completed) job
-and surfaced as a confusing ``LeaseLost`` after the first block had committed.
+A fenced block inside an outer ``atomic()`` would only release a savepoint, so the outer block's
+rollback would undo the effect and the job's ``done`` while the executor reported "done"; such a
+block is refused (``fenced_atomic()`` must be the outermost transaction). A second fenced block in
+the same attempt is refused with a clear error, not a ``LeaseLost`` after the first has committed.
 """
 
 import logging

@@ -1,11 +1,10 @@
-"""Adversarial review, the heartbeat: one worker renews all its leases in one statement, so
-nothing that happens to one job (its row locked by a long transaction) or to the database (an
-outage) may delay the renewal of the others beyond their leases.
+"""The heartbeat: one worker renews all its leases in one statement, so nothing that happens to one
+job (its row locked by a long transaction) or to the database (an outage) may delay the renewal
+of the others beyond their leases.
 
-Before the fix the renewal statement waited for a row locked by a long ``fenced_atomic()``
-transaction of another job of the same worker: every other lease of that worker expired meanwhile
-and those jobs ran twice. And after a database outage the heartbeat's error backoff grew to 30 s,
-so renewals could resume after short leases had expired.
+The renewal skips a row locked by a long ``fenced_atomic()`` transaction of another job of the
+same worker (waiting for it would let every other lease expire and those jobs run twice), and
+after a database outage renewals resume before the shortest held lease runs out.
 """
 
 import threading

@@ -1,4 +1,4 @@
-"""Poison and hostile input (issue 6, part 2), on real worker processes under a supervisor.
+"""Poison and hostile input on real worker processes under a supervisor.
 
 * Handlers raising ``SystemExit``, ``KeyboardInterrupt``, ``RecursionError`` (real recursion) and
   ``MemoryError`` (a real allocation failure): each attempt is a failed attempt with the exception's

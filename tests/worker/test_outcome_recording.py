@@ -1,10 +1,9 @@
-"""Adversarial review, recording outcomes: whatever a handler returns or raises, its job ends in a
-definite state and no other job's completion is held up.
+"""Recording outcomes: whatever a handler returns or raises, its job ends in a definite state and
+no other job's completion is held up.
 
-Before the fix a result holding NUL made PostgreSQL refuse the worker's whole completion batch;
-the completer re-queued it and failed again forever, so every job that worker finished afterwards
-stayed ``leased`` and ran again after its lease. A failure message holding NUL could not be
-recorded either ("unrecorded": the job stayed leased until its lease expired, with no error).
+A result holding NUL fails only its own job (the rest of the completion batch is written), and a
+failure message holding NUL is recorded: no job stays ``leased`` until its lease expires for want
+of a writable outcome.
 """
 
 import threading

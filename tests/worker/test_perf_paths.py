@@ -1,4 +1,4 @@
-"""The fast paths of issue 8 keep their guarantees: batched completion stays fenced per row, the
+"""The worker's fast paths keep their guarantees: batched completion stays fenced per row, the
 claim returns exact database times, ASYNC_COMPLETIONS is limited to the completion's own
 transaction, and prefetched jobs that no thread started go back to ready (token bumped, no attempt
 counted)."""

@@ -1,5 +1,7 @@
-"""Adversarial review of issue 8's hot paths (branch perf): prefetched jobs, batched completions,
-the enqueue fast paths and the epoch-microsecond claim timestamps.
+"""Prefetched jobs, batched completions, the enqueue fast paths and the epoch-microsecond claim
+timestamps at their edges: a prefetched job whose lease was lost, that was cancelled, or that was
+released during a renewal is not run and not reported lost; completions lost or refused are
+accounted for.
 
 Each prefetch test drives a WorkerService whose threads were never started: the claimed jobs wait
 in its pool exactly like prefetched jobs behind busy threads, and ``_run_job`` is called directly

@@ -1,16 +1,12 @@
-"""Adversarial review of issue 13: "process execution mode kills handlers at their timeout and stays
-fenced", for a child that outlives its SIGTERM.
+"""Process execution mode kills handlers at their timeout and stays fenced, for a child that
+outlives its SIGTERM.
 
 At the timeout the worker sends its child SIGTERM, waits ``CHILD_TERM_GRACE`` (2 s), then SIGKILLs
 it. A handler that ignores SIGTERM (one that installs its own handler, as some libraries do) runs
-on for those 2 s, and its ``JobContext`` in the child knew nothing of the timeout: a
-``fenced_atomic()`` block in that window committed its effect and marked the job done, past the
-timeout (main: the job ``done`` with its effect, the attempt's JobTimedOut refused as a lost
-lease). In thread mode ``fenced_atomic()`` refuses to commit once the attempt timed out.
-
-Now the child times its own context out at the task's timeout (a timer started before it tells
-the worker that the handler starts, so never later than the worker's deadline): ``fenced_atomic()``
-refuses in the child as in a thread.
+on for those 2 s. The child times its own ``JobContext`` out at the task's timeout (a timer started
+before it tells the worker that the handler starts, so never later than the worker's deadline):
+``fenced_atomic()`` in that window refuses to commit in the child, as it does in a thread, and the
+attempt ends as ``JobTimedOut`` with no effect.
 """
 
 from __future__ import annotations

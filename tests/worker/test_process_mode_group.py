@@ -1,12 +1,9 @@
-"""Adversarial review of issue 13: "process execution mode kills handlers at their timeout", for a
-handler that started a subprocess of its own.
+"""Process execution mode kills handlers at their timeout, for a handler that started a subprocess
+of its own.
 
-The worker killed the child process only (``proc.terminate()``, then ``proc.kill()``): a
-subprocess the handler had started (a converter, ``ffmpeg``, a shell script) was not in that kill,
-was re-parented and ran on beside the job's retry, with whatever effects it has (main: the
-subprocess still alive after the worker had exited; the job dead as JobTimedOut).
-
-Now the child runs in a process group of its own and the worker signals the whole group.
+A subprocess the handler started (a converter, ``ffmpeg``, a shell script) must not be re-parented
+and run on beside the job's retry: the child runs in a process group of its own and the worker
+signals the whole group, so the handler's subprocess dies with the child at the timeout.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tests.support.chaos.harness import (
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
-JOBS = max(5000, scaled(5000))  # issue 6: a workload of at least 5,000 jobs
+JOBS = max(5000, scaled(5000))  # the published figures need at least 5,000 jobs
 WORKERS = 4
 CANCELLED = 100
 # Kills, one every 0.2-0.6 s (or as soon as a started replacement is claiming: a process start-up

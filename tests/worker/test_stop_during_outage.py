@@ -1,15 +1,14 @@
-"""Adversarial review of issue 13: a graceful stop (SIGTERM: a deploy, a scale-down, a supervisor
-restarting workers because the database is down) that falls inside a database outage.
+"""A graceful stop (SIGTERM: a deploy, a scale-down, a supervisor restarting workers because the
+database is down) that falls inside a database outage.
 
 The handlers of the stopped worker have all returned: none is killed or frozen mid-run, so the
-promise for database outages holds the run to "0 re-runs of jobs whose handler had already
-returned". But their completions cannot be written while the database refuses connections. The
-worker's stop waits ``SHUTDOWN_GRACE`` for its held jobs (the returned ones included), its final
-flush fails, and it exits ("could not write the last completions; those jobs will be retried after
-their lease"). Once the database is back the reaper takes the leases back and another worker runs
-every one of those jobs again, each a counted ``LeaseExpired`` attempt. docs/reliability.md's
-"When a job can run twice" does not list this case; its first case says the window between a
-return and its completion "is short", which an outage makes as long as the outage.
+rule for database outages, "0 re-runs of jobs whose handler had already returned", applies. Their
+completions cannot be written while the database refuses connections: the worker's stop waits
+``SHUTDOWN_GRACE`` for its held jobs (the returned ones included), its final flush fails, and it
+exits ("could not write the last completions; those jobs will be retried after their lease").
+Once the database is back the reaper takes the leases back and another worker runs those jobs
+again, each a counted ``LeaseExpired`` attempt: the window between a return and its completion is
+as long as the outage.
 
 The books are a ledger file outside the database (``qa.returning``), since the worker exits while
 the database cannot be reached.

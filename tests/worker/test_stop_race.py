@@ -1,10 +1,10 @@
-"""Adversarial review, graceful stop: a handler that returns while the worker is stopping has its
-result written, or its job released; never neither.
+"""Graceful stop: a handler that returns while the worker is stopping has its result written, or
+its job released; never neither.
 
-The race: the grace period runs out, the worker stops its completer (final flush), and only then
-takes the list of jobs still running to release them. A handler returning in between submitted
-its completion to the stopped completer (never written) and left the running list (never
-released): the job stayed ``leased`` until its lease expired and then ran a second time.
+The race: the grace period runs out, the worker stops its completer (final flush), and then takes
+the list of jobs still running to release them. A handler returning in between must not submit
+its completion to the stopped completer (never written) while leaving the running list (never
+released): such a job would stay ``leased`` until its lease expired and then run a second time.
 """
 
 import threading

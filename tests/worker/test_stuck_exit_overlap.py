@@ -1,19 +1,18 @@
-"""Adversarial review of issue 13, "never two attempts of one job running at once (timed-out handlers
-included)": the retry of a stuck attempt that a stopping worker records.
+"""Never two attempts of one job running at once, timed-out handlers included: the retry of a stuck
+attempt that a stopping worker records.
 
 A worker whose handler is stuck past its timeout (thread mode) stops gracefully (``STUCK_EXIT_AFTER``,
 ``STUCK_HANDLERS_MAX``, or a SIGTERM) and, in its ``on_stop``, records the stuck attempt as a
 ``JobTimedOut`` failure: the job goes back to ready with the task's backoff. The stuck thread
 cannot be stopped; it dies with the process. But the process is not gone yet: after that write
 it still stops its heartbeat, deregisters, joins its listener, and exits the interpreter. With a
-short backoff (``qa.hang_forever`` has 0.05 s) another worker claims and starts the retry while
-the stuck attempt is still running in the exiting process: two attempts of one job at once
-(docs/explanation/leases.md: "the stuck attempts fail as JobTimedOut and are retried once the
-process is gone"). The chaos test (tests/worker/test_hang.py) runs that worker with no other worker
-alive, so it cannot see this.
+short backoff (``qa.hang_forever`` has 0.05 s) another worker could claim and start the retry while
+the stuck attempt still runs in the exiting process (docs/explanation/leases.md: "the stuck
+attempts fail as JobTimedOut and are retried once the process is gone"). The chaos test
+(tests/worker/test_hang.py) runs that worker with no other worker alive, so it cannot see this.
 
-Now: the retry of an attempt recorded as stuck by a stopping worker is not due before one lease
-has passed, the time a killed worker's job waits for its lease to expire.
+The rule held here: the retry of an attempt recorded as stuck by a stopping worker is not due
+before one lease has passed, the time a killed worker's job waits for its lease to expire.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Timed-out attempts and interrupted attempts at the store and executor level (issue 13,
-findings 5 and 8): the refund bound of interrupted attempts, prefetched jobs released freely, a
-late return of a timed-out handler, fenced_atomic() refused after the timeout, the settings."""
+"""Timed-out attempts and interrupted attempts at the store and executor level: the refund bound of
+interrupted attempts, prefetched jobs released freely, a late return of a timed-out handler,
+fenced_atomic() refused after the timeout, the settings."""
 
 from datetime import timedelta
 

@@ -1,4 +1,4 @@
-"""Handlers past their task's timeout, on real ``runworker`` processes (issue 13, findings 5 and 8).
+"""Handlers past their task's timeout, on real ``runworker`` processes.
 
 Thread mode cannot stop a handler. A handler past its timeout keeps its thread's slot and its
 job's lease until it returns, so the worker never runs more handlers than ``--concurrency``, the

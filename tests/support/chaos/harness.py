@@ -1,5 +1,5 @@
 """The chaos harness: a fleet of real ``runworker`` processes, a workload of fenced effects, fault
-injectors, and the ledger that must balance at the end (issue 6).
+injectors, and the ledger that must balance at the end.
 
 The workload is the ``qa.chaos`` task (``testproject/qa/tasks.py``): each job commits one
 ``Effect`` row keyed by its id and fencing token inside ``ctx.fenced_atomic()``, together with its

@@ -1,12 +1,10 @@
-"""No admin page answers 500 on a row with odd values (issue "Reliability II", findings 3, 4, 10).
+"""No admin page answers 500 on a row with odd values.
 
-Rows written by hand or by an older version (enqueue refuses these values now): a 5,000-digit
+Rows written by hand or by an older version (enqueue refuses these values): a 5,000-digit
 integer in args, kwargs, result, errors or history; times at the edges of what can be stored;
-null-ish JSON. Before: the job and dead-letter change pages and the replay page could not read
-such a row (redirect to "does not exist" or 404), and the replay form answered 500 on a posted
-5,000-digit integer; the dashboard's queue links were not URL-encoded. After: every page answers
-200 and shows the stored value, the replay form answers a form error and writes nothing, and the
-links are encoded.
+null-ish JSON. The job and dead-letter change pages and the replay page answer 200 and show the
+stored value; the replay form answers a form error on a posted 5,000-digit integer and writes
+nothing; the dashboard's queue links are URL-encoded.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Flow control with real ``runworker`` processes (issue 7's required runs).
+"""Flow control with real ``runworker`` processes: per-key concurrency limits, queue rate limits,
+pause/resume and cancel requests, measured across several worker subprocesses.
 
 Each test starts worker subprocesses against the test database and reads outcomes from it.
 Measured figures are printed (run pytest with ``-s`` to see them).

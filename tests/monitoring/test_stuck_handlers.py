@@ -1,5 +1,5 @@
-"""Stuck handlers (past their task's timeout, still running) as monitoring sees them: from the job
-rows, so any process reads them (issue 13, finding 5: on main nothing showed them)."""
+"""Stuck handlers (past their task's timeout, still running) as monitoring sees them: read from the
+job rows, so any process (queuehealth, the metrics, the dashboard) shows them."""
 
 from __future__ import annotations
 

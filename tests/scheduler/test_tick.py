@@ -1,6 +1,6 @@
 """The scheduler tick driven at chosen instants: DST, catch-up, edits, restarts (cases C17, C19-C21).
 
-These run on top of the cron unit tests (tests/unit/test_cron.py): they check what the scheduler
+These run on top of the cron unit tests (tests/leaves/test_cron.py): they check what the scheduler
 stores and emits (jobs, unique keys, next occurrences), tick by tick, with the expected UTC
 occurrences written out.
 """

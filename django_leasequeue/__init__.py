@@ -1,6 +1,7 @@
 """django-leasequeue: a durable PostgreSQL job queue and scheduler for Django.
 
-Public API (imported lazily, so ``import django_leasequeue`` never imports models)::
+Public API (``import django_leasequeue`` never imports models: the enqueue names come from
+:mod:`django_leasequeue.enqueue`, which imports the store only when it writes; the rest load lazily)::
 
     from django_leasequeue import task, enqueue, enqueue_on_commit, enqueue_many, JobContext
     from django_leasequeue import LeaseLost, JobCancelled, Snooze, Backoff
@@ -13,12 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# Imported now, not through __getattr__: the submodule ``enqueue`` shares its name with the
+# function, and importing a submodule binds it as an attribute of the package; this import binds the
+# function over it once, before anything else can import the submodule.
+from .enqueue import Task as Task
+from .enqueue import enqueue as enqueue
+from .enqueue import enqueue_many as enqueue_many
+from .enqueue import enqueue_on_commit as enqueue_on_commit
+from .enqueue import task as task
+
+_EAGER = ["task", "Task", "enqueue", "enqueue_many", "enqueue_on_commit"]
+
 _EXPORTS = {
-    "task": "registry",
-    "Task": "registry",
-    "enqueue": "registry",
-    "enqueue_many": "registry",
-    "enqueue_on_commit": "registry",
     "JobContext": "context",
     "Backoff": "retry",
     "LeaseQueueError": "exceptions",
@@ -34,7 +41,7 @@ _EXPORTS = {
     "Snooze": "exceptions",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [*_EAGER, *_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     # "X as X": explicit re-exports for type checkers (__all__ above is computed).
@@ -50,11 +57,6 @@ if TYPE_CHECKING:
     from .exceptions import PayloadTooLarge as PayloadTooLarge
     from .exceptions import Snooze as Snooze
     from .exceptions import UnknownTask as UnknownTask
-    from .registry import Task as Task
-    from .registry import enqueue as enqueue
-    from .registry import enqueue_many as enqueue_many
-    from .registry import enqueue_on_commit as enqueue_on_commit
-    from .registry import task as task
     from .retry import Backoff as Backoff
 
 def __getattr__(name: str) -> Any:

@@ -295,7 +295,7 @@ class Schedule(models.Model):
             raise ValidationError(errors)
 
     def _definition_errors(self, skip: set[str]) -> Iterator[tuple[str, str]]:
-        from . import cron, registry
+        from . import arguments, cron, registry
         from .conf import get_settings
         from .exceptions import PayloadNotSerializable, UnknownTask
 
@@ -324,7 +324,7 @@ class Schedule(models.Model):
                 yield "args", f"args must be a JSON list of positional arguments, got {self.args!r}"
             else:
                 try:
-                    registry.check_json(self.args, "args")
+                    arguments.check_json(self.args, "args")
                 except PayloadNotSerializable as exc:
                     yield "args", str(exc)
         if "kwargs" not in skip:
@@ -332,7 +332,7 @@ class Schedule(models.Model):
                 yield "kwargs", f"kwargs must be a JSON object of keyword arguments, got {self.kwargs!r}"
             else:
                 try:
-                    registry.check_json(self.kwargs, "kwargs")
+                    arguments.check_json(self.kwargs, "kwargs")
                 except PayloadNotSerializable as exc:
                     yield "kwargs", str(exc)
         if "queue" not in skip and self.queue:

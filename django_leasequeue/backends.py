@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import difflib
 import inspect
 import logging
 import threading
@@ -90,7 +89,7 @@ from .compat_tasks import (
     task_finished,
     task_started,
 )
-from .conf import queue_name_problem
+from .conf import queue_name_problem, unknown_keys_hint
 from .context import JobContext
 from .enqueue import build_job, insert_job
 from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
@@ -704,11 +703,8 @@ def _parse_options(raw: Any) -> _Options:
         raise ConfigurationError(f"OPTIONS must be a dict, got {raw!r}")
     unknown = sorted(set(raw) - set(OPTION_KEYS))
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), OPTION_KEYS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigurationError(f"unknown OPTIONS key(s) {', '.join(hints)}; allowed: {list(OPTION_KEYS)}")
+        raise ConfigurationError(f"unknown OPTIONS key(s) {unknown_keys_hint(unknown, OPTION_KEYS)}; "
+                                 f"allowed: {list(OPTION_KEYS)}")
     lease = _seconds(raw.get("LEASE"), "OPTIONS['LEASE']")
     timeout = _seconds(raw.get("TIMEOUT"), "OPTIONS['TIMEOUT']")
     backoff = raw.get("BACKOFF")

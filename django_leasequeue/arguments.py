@@ -288,6 +288,8 @@ def _read_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Si
 
 
 def positional_names(signature: inspect.Signature | None) -> list[str]:
+    """The names of the positional parameters of ``signature`` (from :func:`enqueue_signature`), in
+    order, to name a bad positional argument in a message; ``[]`` for None."""
     if signature is None:
         return []
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -353,7 +355,17 @@ MAX_DELAY_SECONDS = 100 * 366 * 24 * 3600.0
 
 
 def check_name(value: Any, what: str, max_length: int) -> None:
-    """Refuse a queue name, unique key or concurrency key the job table cannot store as given."""
+    """Refuse a queue name, unique key or concurrency key the job table cannot store as given.
+
+    Args:
+        value: the value (must be a non-empty str of at most ``max_length`` characters, without NUL,
+            encodable as UTF-8).
+        what: how to name it in the message (``"unique_key"``).
+        max_length: the column's length in characters.
+
+    Raises:
+        EnqueueError: naming ``what`` and the problem.
+    """
     if not isinstance(value, str) or not value:
         raise EnqueueError(f"{what} must be a non-empty str, got {value!r}")
     if len(value) > max_length:
@@ -431,7 +443,16 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
 
 
 def check_lease(value: Any, what: str, error: type[Exception]) -> None:
-    """A lease is None (the worker's default) or finite seconds in (0, 7 days]."""
+    """Refuse a lease that is not None (the worker's default) or finite seconds in (0, 7 days].
+
+    Args:
+        value: the lease in seconds (int or float), or None.
+        what: how to name it in the message (``"task 'x': lease"``).
+        error: the exception class to raise (``ConfigurationError`` or ``EnqueueError``).
+
+    Raises:
+        error: the lease is out of range or not a number.
+    """
     problem = check_lease_seconds(value, what) if value is not None else None
     if problem:
         raise error(problem)

@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs", "task"]
 
-# The store (and with it the models) is imported inside the functions below, not here: the package
-# facade imports this module, and ``import django_leasequeue`` must not import models (the app
-# registry may not be ready yet).
+# The store (and with it the models) is imported inside the functions below, not here: ``@task``
+# runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
+# when importing models would raise AppRegistryNotReady.
 
 
 class Task(TaskSpec[P, R]):

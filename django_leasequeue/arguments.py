@@ -409,37 +409,82 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
     the next enqueue.
 
     Raises:
-        EnqueueError: naming the bad option, with the message :func:`~django_leasequeue.enqueue.build_job` would give.
+        EnqueueError: naming the bad option, with the message
+            :func:`~django_leasequeue.enqueue.build_job` would give.
     """
     queue = options.get("queue")
     if queue is not None:
         problem = queue_name_problem(queue, "queue")
         if problem:
             raise EnqueueError(problem)
-    priority = options.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+    check_priority(options.get("priority", 0))
     attempts = options.get("max_attempts")
-    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)
-                                 or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT):
-        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+    if attempts is not None:
+        check_max_attempts(attempts)
     check_lease(options.get("lease"), f"task {task_name!r}: lease", EnqueueError)
-    scope = options.get("unique_scope", "retained")
-    if scope not in ("retained", "active"):
-        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {scope!r}")
+    check_unique_scope(options.get("unique_scope", "retained"))
     if options.get("unique_key") is not None:
         check_name(options["unique_key"], "unique_key", 255)
-    run_at = options.get("run_at")
+    run_at_delay(options.get("run_at"))
+
+
+def check_priority(priority: Any) -> None:
+    """Refuse a job priority that is not an int from -100 to 100.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+
+
+def check_max_attempts(attempts: Any) -> None:
+    """Refuse a job's ``max_attempts`` that is not an int from 1 to ``MAX_ATTEMPTS_LIMIT``.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+
+
+def check_unique_scope(scope: Any) -> None:
+    """Refuse a ``unique_scope`` other than ``"retained"`` and ``"active"``.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if scope not in ("retained", "active"):
+        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {scope!r}")
+
+
+def run_at_delay(run_at: Any) -> tuple[float, datetime | None]:
+    """Split a ``run_at`` option into what the insert statement takes.
+
+    Args:
+        run_at: None (due now), a ``timedelta`` from the database clock of at most 100 years either
+            way, or an aware datetime within :data:`RUN_AT_MIN` .. :data:`RUN_AT_MAX` in UTC.
+
+    Returns:
+        ``(delay in seconds, None)`` for a timedelta, ``(0.0, run_at)`` for a datetime,
+        ``(0.0, None)`` for None.
+
+    Raises:
+        EnqueueError: another type, a naive datetime, a value out of range.
+    """
     if isinstance(run_at, timedelta):
-        if abs(run_at.total_seconds()) > MAX_DELAY_SECONDS:
-            raise EnqueueError(f"run_at timedelta of {run_at.total_seconds():.0f} seconds is more than 100 years away")
-    elif run_at is not None:
+        delay = run_at.total_seconds()
+        if abs(delay) > MAX_DELAY_SECONDS:
+            raise EnqueueError(f"run_at timedelta of {delay:.0f} seconds is more than 100 years away")
+        return delay, None
+    if run_at is not None:
         if not isinstance(run_at, datetime):
             raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise EnqueueError(f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
                                "(django.utils.timezone.make_aware) or a timedelta")
         check_run_at_range(run_at)
+    return 0.0, run_at
 
 
 def check_lease(value: Any, what: str, error: type[Exception]) -> None:

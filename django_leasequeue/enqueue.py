@@ -17,22 +17,22 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
 from . import signals
 from .arguments import (
     MAX_CONCURRENCY_LIMIT,
-    MAX_DELAY_SECONDS,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
     JobOptions,
     check_arguments_bind,
     check_lease,
+    check_max_attempts,
     check_name,
-    check_run_at_range,
+    check_priority,
     check_task_options,
+    check_unique_scope,
     encode_chunks,
     encode_payload,
     enqueue_signature,
     positional_names,
+    run_at_delay,
     seconds_option,
 )
-from .conf import MAX_ATTEMPTS_LIMIT, get_settings, queue_name_problem
+from .conf import get_settings, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
 from .registry import P, R, TaskSpec, register_task, resolve_task
 from .retry import BackoffLike
@@ -202,32 +202,15 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
     if not settings.queue_allowed(queue):
         raise EnqueueError(f"unknown queue {queue!r}; LEASEQUEUE['QUEUES'] allows {sorted(settings.queues or [])}")
     priority = task_spec.priority if priority is None else priority
-    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+    check_priority(priority)
     # "is None", not "or": an explicit max_attempts=0 is an error, not a request for the default.
     attempts = max_attempts if max_attempts is not None else (task_spec.max_attempts or settings.max_attempts)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
-        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+    check_max_attempts(attempts)
     check_lease(task_spec.lease, f"task {task_spec.name!r}: lease", EnqueueError)
-    run_at = task_spec.run_at if run_at is None else run_at
-    delay = 0.0
-    if isinstance(run_at, timedelta):
-        delay, run_at = run_at.total_seconds(), None
-        if abs(delay) > MAX_DELAY_SECONDS:
-            raise EnqueueError(f"run_at timedelta of {delay:.0f} seconds is more than 100 years away")
-    elif run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise EnqueueError(
-                f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
-                "(django.utils.timezone.make_aware) or a timedelta"
-            )
-        check_run_at_range(run_at)
+    delay, run_at = run_at_delay(task_spec.run_at if run_at is None else run_at)
     unique_key = task_spec.unique_key if unique_key is None else unique_key
     unique_scope = unique_scope or task_spec.unique_scope
-    if unique_scope not in ("retained", "active"):
-        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {unique_scope!r}")
+    check_unique_scope(unique_scope)
     if unique_key is not None:
         check_name(unique_key, "unique_key", 255)
     if task_spec.concurrency_limit is not None and (

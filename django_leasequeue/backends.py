@@ -352,11 +352,11 @@ def _spec_for(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task
     cached = backend._specs.get(id(task))
     if cached is not None and cached[0] is task:
         return cached[1]
-    spec = _build_spec(task, backend)
+    task_spec = _build_spec(task, backend)
     if len(backend._specs) > 10_000:  # .using() copies are enqueue-time only; keep the cache small
         backend._specs.clear()
-    backend._specs[id(task)] = (task, spec)
-    return spec
+    backend._specs[id(task)] = (task, task_spec)
+    return task_spec
 
 
 def _build_spec(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.TaskSpec[..., Any]:

@@ -34,7 +34,6 @@ estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choice
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import uuid
@@ -63,8 +62,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.timesince import timesince
 
-from . import cron, registry, store
+from . import arguments, cron, registry, store
 from .conf import get_settings, queue_name_problem
+from .enqueue import build_job, insert_jobs
 from .exceptions import LeaseQueueError
 from .models import Dashboard, DeadLetter, Job, JobStatus, QueueState, Schedule
 
@@ -418,7 +418,7 @@ class ReplayForm(forms.Form):
         if not isinstance(value, kind):
             raise ValidationError(f"{name} must be a JSON {'list' if kind is list else 'object'}")
         try:
-            registry.check_json(value, name)
+            arguments.check_json(value, name)
         except LeaseQueueError as exc:
             raise ValidationError(str(exc))
         return value
@@ -435,7 +435,7 @@ class ReplayForm(forms.Form):
         data = cast("dict[str, Any]", super().clean())  # Form.clean() returns cleaned_data
         if "args" in data and "kwargs" in data:
             try:
-                registry.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
+                arguments.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
             except LeaseQueueError as exc:
                 raise ValidationError(str(exc))
         return data
@@ -855,7 +855,7 @@ class ScheduleForm(_ScheduleFormBase):
             what = "list of positional arguments" if kind is list else "object of keyword arguments"
             raise ValidationError(f"{name} must be a JSON {what}, got {json.dumps(value)}")
         try:
-            registry.check_json(value, name)
+            arguments.check_json(value, name)
         except LeaseQueueError as exc:
             raise ValidationError(str(exc))
         return value
@@ -873,21 +873,30 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
     """Enqueue one job of ``schedule`` now, with its own unique key (never an occurrence's key).
 
     The key is ``leasequeue:schedule:<id>:run-now:<nonce>``; the change page's button carries a
-    nonce made when the page was rendered, so a double-submitted form enqueues one job.
+    nonce made when the page was rendered, so a double-submitted form enqueues one job. The job is
+    written through :func:`~django_leasequeue.enqueue.insert_jobs`, so it sends one ``enqueued``
+    event like every other enqueue.
+
+    Args:
+        request: the admin request (its messages report the outcome).
+        schedule: the schedule to run.
+        nonce: the page's nonce; None: a fresh one (every call enqueues).
+
+    Returns:
+        The new job, the job this nonce already enqueued, or None when the schedule's task or
+        arguments are refused (the message says why).
     """
     try:
-        spec = registry.get_task(schedule.task)
-        if not isinstance(spec, registry.Task):  # e.g. a Django tasks backend task: default options
-            spec = registry.Task(func=spec, name=schedule.task)
-        new = registry.build_job(spec, schedule.args, schedule.kwargs, queue=schedule.queue or None,
-                                 priority=schedule.priority,
-                                 unique_key=f"leasequeue:schedule:{schedule.pk}:run-now:{nonce or uuid.uuid4().hex}")
+        task_spec = registry.get_task(schedule.task)
+        if not isinstance(task_spec, registry.TaskSpec):  # e.g. a Django tasks backend task: default options
+            task_spec = registry.TaskSpec(func=task_spec, name=schedule.task)
+        new = build_job(task_spec, schedule.args, schedule.kwargs, queue=schedule.queue or None,
+                        priority=schedule.priority, schedule_id=schedule.pk,
+                        unique_key=f"leasequeue:schedule:{schedule.pk}:run-now:{nonce or uuid.uuid4().hex}")
     except LeaseQueueError as exc:
         messages.error(request, f"Schedule {schedule.name!r} was not run: {exc}")
         return None
-    new = dataclasses.replace(new, schedule_id=schedule.pk)
-    settings = get_settings()
-    rows = store.job_insert([new], notify=settings.notify, channel=settings.notify_channel)
+    rows = insert_jobs([new])
     if not rows:
         job = store.job_get_by_unique_key(cast(str, new.unique_key), new.unique_scope)
         if job is not None:

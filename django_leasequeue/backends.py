@@ -16,9 +16,9 @@ tokens, retries with backoff, dead letters and admin replay.
 
 How it maps (docs/howto/django-tasks.md has the user's view):
 
-* ``enqueue``/``aenqueue`` validate through :func:`registry.build_job` (JSON arguments, queue,
+* ``enqueue``/``aenqueue`` validate through :func:`enqueue.build_job` (JSON arguments, queue,
   priority, ``run_after`` as an aware datetime or a ``timedelta`` from the database clock) and
-  insert through :func:`registry.insert_job` (``store.job_insert``) **in the caller's
+  insert through :func:`enqueue.insert_job` (``store.job_insert_one``) **in the caller's
   transaction**, like our own ``enqueue``. The job's ``task`` column is the task's
   ``module_path``; the result id is the job id as a string.
 * ``get_result``/``aget_result`` read the job row: status ``ready`` -> READY, ``leased`` ->
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import difflib
 import inspect
 import logging
 import threading
@@ -71,8 +70,8 @@ from django.core import checks
 from django.core.signals import setting_changed
 from django.utils import timezone
 
+from . import arguments, registry
 from . import exceptions as lq_exceptions
-from . import registry
 from . import signals as lq_signals
 from .compat_tasks import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -90,8 +89,9 @@ from .compat_tasks import (
     task_finished,
     task_started,
 )
-from .conf import queue_name_problem
+from .conf import queue_name_problem, unknown_keys_hint
 from .context import JobContext
+from .enqueue import build_job, insert_job
 from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
 from .retry import Backoff, BackoffLike
 
@@ -197,7 +197,7 @@ class _Options:
 
 def _seconds(value: Any, what: str) -> float | None:
     # One wording for a wrongly typed duration, here and in @task of the native API.
-    seconds = registry.seconds_option(value, what, ConfigurationError)
+    seconds = arguments.seconds_option(value, what, ConfigurationError)
     return None if seconds is None else float(seconds)
 
 
@@ -343,7 +343,7 @@ def _backend_of(task: Task[..., Any]) -> LeaseQueueBackend:
     return backend
 
 
-def _spec_for(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task[..., Any]:
+def _spec_for(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.TaskSpec[..., Any]:
     """The native job spec that runs ``task``: its options over the backend's defaults.
 
     Cached on the backend instance (one per thread and ``TASKS`` setting) by Task identity: the
@@ -352,17 +352,17 @@ def _spec_for(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task
     cached = backend._specs.get(id(task))
     if cached is not None and cached[0] is task:
         return cached[1]
-    spec = _build_spec(task, backend)
+    task_spec = _build_spec(task, backend)
     if len(backend._specs) > 10_000:  # .using() copies are enqueue-time only; keep the cache small
         backend._specs.clear()
-    backend._specs[id(task)] = (task, spec)
-    return spec
+    backend._specs[id(task)] = (task, task_spec)
+    return task_spec
 
 
-def _build_spec(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Task[..., Any]:
+def _build_spec(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.TaskSpec[..., Any]:
     own = _options_of(task)
     defaults = backend.defaults
-    return registry.Task(
+    return registry.TaskSpec(
         func=_Runner(task), name=task.module_path, queue=task.queue_name, priority=task.priority,
         max_attempts=own.max_attempts or defaults.max_attempts,
         backoff=own.backoff if own.backoff is not None else defaults.backoff,
@@ -371,7 +371,7 @@ def _build_spec(task: Task[..., Any], backend: LeaseQueueBackend) -> registry.Ta
     )
 
 
-def _resolve(name: str) -> registry.Task[..., Any] | None:
+def _resolve(name: str) -> registry.TaskSpec[..., Any] | None:
     """Registry resolver: the spec of the framework task registered as ``name``, else None.
 
     Only Task objects that passed :meth:`LeaseQueueBackend.validate_task` in this process are
@@ -538,7 +538,7 @@ class _Runner:
         from . import store
 
         try:
-            result_json = registry.json_dumps_result(value)
+            result_json = arguments.json_dumps_result(value)
         except PayloadNotSerializable as exc:
             logger.warning("job %s completed in fenced_atomic(); its return value is not stored: %s", job.job_id, exc)
             return
@@ -703,11 +703,8 @@ def _parse_options(raw: Any) -> _Options:
         raise ConfigurationError(f"OPTIONS must be a dict, got {raw!r}")
     unknown = sorted(set(raw) - set(OPTION_KEYS))
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), OPTION_KEYS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigurationError(f"unknown OPTIONS key(s) {', '.join(hints)}; allowed: {list(OPTION_KEYS)}")
+        raise ConfigurationError(f"unknown OPTIONS key(s) {unknown_keys_hint(unknown, OPTION_KEYS)}; "
+                                 f"allowed: {list(OPTION_KEYS)}")
     lease = _seconds(raw.get("LEASE"), "OPTIONS['LEASE']")
     timeout = _seconds(raw.get("TIMEOUT"), "OPTIONS['TIMEOUT']")
     backoff = raw.get("BACKOFF")
@@ -717,7 +714,7 @@ def _parse_options(raw: Any) -> _Options:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"OPTIONS['BACKOFF']: {exc}")
     try:
-        registry.check_task_options("OPTIONS", max_attempts=raw.get("MAX_ATTEMPTS"), lease=lease, timeout=timeout,
+        arguments.check_task_options("OPTIONS", max_attempts=raw.get("MAX_ATTEMPTS"), lease=lease, timeout=timeout,
                                     backoff=backoff)
     except ConfigurationError as exc:
         raise ConfigurationError(str(exc).replace("task 'OPTIONS': ", "OPTIONS: "))
@@ -750,7 +747,7 @@ class LeaseQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.config_errors: list[str] = []
-        self._specs: dict[int, tuple[Task[..., Any], registry.Task[..., Any]]] = {}
+        self._specs: dict[int, tuple[Task[..., Any], registry.TaskSpec[..., Any]]] = {}
         queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
         if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable) or not all(
             isinstance(q, str) and 0 < len(q) <= 100 for q in queues
@@ -799,7 +796,7 @@ class LeaseQueueBackend(BaseTaskBackend):
             raise InvalidTask(problem)
         try:
             own = _options_of(task)
-            registry.check_task_options(name, priority=int(task.priority), max_attempts=own.max_attempts,
+            arguments.check_task_options(name, priority=int(task.priority), max_attempts=own.max_attempts,
                                         lease=own.lease, timeout=own.timeout, backoff=own.backoff)
         except ConfigurationError as exc:
             raise InvalidTask(str(exc))
@@ -832,13 +829,13 @@ class LeaseQueueBackend(BaseTaskBackend):
         """
         self._raise_config_errors()
         self.validate_task(task)
-        spec = _spec_for(task, self)
+        task_spec = _spec_for(task, self)
         own = _options_of(task)
         kwargs = dict(kwargs)
-        new = registry.build_job(spec, list(args), kwargs, run_at=task.run_after, queue=task.queue_name,
-                                 priority=task.priority, unique_key=_unique_key(own.unique_key, args, kwargs),
-                                 unique_scope=own.unique_scope)
-        job, created = registry.insert_job(new)
+        new = build_job(task_spec, list(args), kwargs, run_at=task.run_after, queue=task.queue_name,
+                        priority=task.priority, unique_key=_unique_key(own.unique_key, args, kwargs),
+                        unique_scope=own.unique_scope)
+        job, created = insert_job(new)
         result = self.result_from_job(job, task)
         if created:
             _send(task_enqueued, self, result)

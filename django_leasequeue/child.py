@@ -33,7 +33,7 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     django.setup()
     from django.db import connections
 
-    from . import registry
+    from . import arguments, registry
     from .context import JobContext
     from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
     from .executor import describe_error
@@ -63,7 +63,7 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
             result = asyncio.run(result)
         if isinstance(result, Snooze):
             raise result
-        result_json = None if result is None else registry.json_dumps_result(result)
+        result_json = None if result is None else arguments.json_dumps_result(result)
         message = ("returned", None if result_json is None else json.loads(result_json), False)
     except Snooze as snooze:
         message = ("snooze", snooze.seconds, False)

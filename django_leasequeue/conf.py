@@ -256,16 +256,29 @@ def _did_you_mean(key: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def unknown_keys_hint(keys: Iterable[Any], choices: Iterable[str]) -> str:
+    """The unknown ``keys`` for an error message, each with its closest known key:
+    ``"'LEASE_SECONDS' (did you mean 'LEASE'?), 'X'"``.
+
+    Args:
+        keys: the unknown keys, in the order to name them (each shown with ``repr``).
+        choices: the known keys.
+
+    Returns:
+        The keys joined with ``", "`` (empty for no keys).
+    """
+    options = sorted(choices)
+    return ", ".join(f"{key!r}{_did_you_mean(str(key), options)}" for key in keys)
+
+
 def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
     """Validate per-queue options (did-you-mean on unknown keys); return the rate limits by queue."""
     rates: dict[str, RateLimit] = {}
     for name, options in queues.items():
         unknown = sorted(set(options) - QUEUE_OPTIONS)
         if unknown:
-            hints = []
-            for key in unknown:
-                hints.append(f"{key!r}{_did_you_mean(key, QUEUE_OPTIONS)}")
-            raise ConfigurationError(f"Unknown option(s) for LEASEQUEUE['QUEUES'][{name!r}]: " + ", ".join(hints))
+            raise ConfigurationError(f"Unknown option(s) for LEASEQUEUE['QUEUES'][{name!r}]: "
+                                     + unknown_keys_hint(unknown, QUEUE_OPTIONS))
         if options.get("rate_limit") is not None:
             rates[name] = parse_rate(options["rate_limit"], f"LEASEQUEUE['QUEUES'][{name!r}]['rate_limit']")
     return rates
@@ -326,10 +339,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
     raw = dict(raw or {})
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
-        hints = []
-        for key in unknown:
-            hints.append(f"{key!r}{_did_you_mean(key, DEFAULTS)}")
-        raise ConfigurationError("Unknown LEASEQUEUE setting(s): " + ", ".join(hints))
+        raise ConfigurationError("Unknown LEASEQUEUE setting(s): " + unknown_keys_hint(unknown, DEFAULTS))
     merged = {**DEFAULTS, **raw}
     for key in _DURATIONS:
         merged[key] = to_seconds(merged[key], key)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import child, registry, signals, store
+from . import arguments, child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
 from .exceptions import (
@@ -194,7 +194,7 @@ def encode_result(result: Any, limit: int) -> str:
         floor = json_size_floor(result, limit)
         if floor > limit:
             raise ResultTooLarge(floor, limit, at_least=True)
-    result_json = registry.json_dumps_result(result)
+    result_json = arguments.json_dumps_result(result)
     check_result_size(result_json, limit)
     return result_json
 

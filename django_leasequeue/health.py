@@ -33,7 +33,6 @@ itself. All times come from the database clock (``leasequeue_now()``) unless an 
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -715,8 +714,8 @@ def unknown_queue_checks(snap: Snapshot, queues: Iterable[str], *, alias: str | 
     for name in empty:
         if name in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        hint = registry.close_matches(name, known, n=3, cutoff=0.6)
+        hint += " " if hint else ""
         results.append(CheckResult(
             "queue", name, None, Threshold(), Level.WARNING,
             f"queue {name!r} is unknown: no job in it (waiting, running, dead or finished in the last "

@@ -27,7 +27,6 @@ number of schedulers) follows Solid Queue's recurring tasks and Oban's cron plug
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import logging
@@ -42,8 +41,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import cron, registry, signals, store
+from . import cron, registry, store
 from .conf import Settings, get_settings
+from .enqueue import build_job, insert_jobs
 from .exceptions import ConfigurationError, UnknownTask
 from .models import Job, Schedule
 from .runtime import Service
@@ -399,9 +399,18 @@ class SchedulerService(Service):
             jobs += new
         inserted: dict[tuple[int | None, datetime | None], Job] = {}
         job: Job | None
+        # The enqueued event names the schedule and the occurrence as planned (in the plan's zone).
+        names = {row.id: row.name for row, _ in plans}
+        planned = {(new.schedule_id, new.occurrence_at): new.occurrence_at for new in jobs}
+
+        def event_fields(job: Job) -> dict[str, Any]:
+            occurrence = planned.get((job.schedule_id, job.occurrence_at)) or job.occurrence_at
+            return {"schedule": names.get(job.schedule_id or 0),
+                    "occurrence_at": occurrence.isoformat() if occurrence else None}
+
         for start in range(0, len(jobs), INSERT_BATCH):
-            for job in store.job_insert(jobs[start:start + INSERT_BATCH], notify=self.settings.notify,
-                                        channel=self.settings.notify_channel, now=now, alias=self.alias):
+            for job in insert_jobs(jobs[start:start + INSERT_BATCH], now=now, alias=self.alias,
+                                   event_fields=event_fields):
                 inserted[(job.schedule_id, job.occurrence_at)] = job
         advances = []
         for row, plan in plans:
@@ -415,8 +424,6 @@ class SchedulerService(Service):
                 result.emitted.append((row.id, occurrence))
                 self.emitted += 1
                 logger.info("schedule %r: emitted occurrence %s as job %s", row.name, occurrence.isoformat(), job.id)
-                signals.emit("enqueued", job_id=job.id, task=job.task, queue=job.queue, attempt=0, token=0,
-                             schedule=row.name, occurrence_at=occurrence.isoformat())
             if plan.skipped:
                 result.skipped += plan.skipped
                 logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r%s)", row.name,
@@ -434,22 +441,23 @@ class SchedulerService(Service):
 
     def _new_job(self, row: store.ScheduleRow, occurrence: datetime) -> store.NewJob:
         try:
-            spec = registry.get_task(row.task)
+            task_spec = registry.get_task(row.task)
         except UnknownTask:
-            spec = None
-        if not isinstance(spec, registry.Task):
-            if spec is None:
+            task_spec = None
+        if not isinstance(task_spec, registry.TaskSpec):
+            if task_spec is None:
                 # Emit anyway: the row is the contract between processes (a rolling deploy may give
                 # the workers a task this scheduler does not know yet). A worker that does not know
-                # it either dead-letters the job with the reason (invariant 9): visible, replayable.
+                # it either dead-letters the job with the reason (an unknown task never runs): visible,
+                # replayable.
                 self._report(row.id, "task", logging.WARNING,
                              "schedule %r: task %r is not registered in this scheduler process; emitting its "
                              "jobs anyway (a worker that does not know it dead-letters them)", row.name, row.task)
-            spec = registry.Task(func=_unregistered, name=row.task)
-        new = registry.build_job(spec, row.args, row.kwargs, run_at=occurrence, queue=row.queue or None,
-                                 priority=row.priority, unique_key=occurrence_key(row.id, occurrence),
-                                 unique_scope="retained", check_signature=False)
-        return dataclasses.replace(new, schedule_id=row.id, occurrence_at=occurrence)
+            task_spec = registry.TaskSpec(func=_unregistered, name=row.task)
+        return build_job(task_spec, row.args, row.kwargs, run_at=occurrence, queue=row.queue or None,
+                         priority=row.priority, unique_key=occurrence_key(row.id, occurrence),
+                         unique_scope="retained", check_signature=False, schedule_id=row.id,
+                         occurrence_at=occurrence)
 
     def _report(self, schedule_id: int, topic: str, level: int, msg: str, *args: Any) -> None:
         """Log a schedule's problem at ``level`` once per distinct message, then at DEBUG."""

@@ -22,8 +22,18 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from qa.tasks import record
 
-from django_leasequeue import ConfigurationError, EnqueueError, enqueue, enqueue_many, enqueue_on_commit, registry, task
+from django_leasequeue import (
+    ConfigurationError,
+    EnqueueError,
+    arguments,
+    enqueue,
+    enqueue_many,
+    enqueue_on_commit,
+    registry,
+    task,
+)
 from django_leasequeue.conf import build, get_settings, parse_queue_list, queue_name_problem
+from django_leasequeue.enqueue import build_job
 from django_leasequeue.executor import describe_error
 from django_leasequeue.models import Job
 from django_leasequeue.retry import MAX_BACKOFF_SECONDS, Backoff
@@ -85,9 +95,9 @@ def test_run_at_at_the_edges_of_the_range_is_stored_and_read_back():
 @pytest.mark.django_db
 def test_the_schedulers_emission_refuses_a_run_at_past_the_range():
     # Schedules emit through build_job(run_at=occurrence): the same check.
-    spec = registry.get_task("qa.record")
+    task_spec = registry.get_task("qa.record")
     with pytest.raises(EnqueueError, match="outside the range"):
-        registry.build_job(spec, ["x"], run_at=PAST_9999, unique_key="schedule:1:x", check_signature=False)
+        build_job(task_spec, ["x"], run_at=PAST_9999, unique_key="schedule:1:x", check_signature=False)
 
 
 # ---- finding 10: one grammar for queue names ---------------------------------------------------
@@ -276,7 +286,7 @@ def test_an_error_whose_str_raises_system_exit_is_recorded_as_itself():
 
 def test_a_timedelta_run_at_message_names_the_delay():
     with pytest.raises(EnqueueError, match="run_at timedelta of .* seconds is more than 100 years away"):
-        registry._check_using("t", {"run_at": timedelta(days=100 * 367)})
+        arguments.check_using("t", {"run_at": timedelta(days=100 * 367)})
 
 
 @pytest.mark.django_db

@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from flowlab.tasks import rated_noop
 
 from django_leasequeue import enqueue_many, store
+from django_leasequeue.enqueue import build_job
 from django_leasequeue.models import Job
-from django_leasequeue.registry import build_job
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from django.db import connection, connections
 from flowlab.tasks import customer_job, rated_noop
 
 from django_leasequeue import store
+from django_leasequeue.enqueue import build_job, task
 from django_leasequeue.models import Job
-from django_leasequeue.registry import build_job, task
 
 pytestmark = pytest.mark.django_db
 

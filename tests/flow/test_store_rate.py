@@ -9,9 +9,9 @@ from flowlab.tasks import rated_noop
 
 from django_leasequeue import store
 from django_leasequeue.conf import RateLimit, build, parse_rate
+from django_leasequeue.enqueue import build_job
 from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.models import Job, QueueState
-from django_leasequeue.registry import build_job
 
 pytestmark = pytest.mark.django_db
 

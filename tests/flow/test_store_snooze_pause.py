@@ -10,8 +10,8 @@ from flowlab.tasks import customer_job, rated_noop
 
 from django_leasequeue import store
 from django_leasequeue.conf import RateLimit
+from django_leasequeue.enqueue import build_job
 from django_leasequeue.models import Job, QueueState
-from django_leasequeue.registry import build_job
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,575 @@
+"""Validation and encoding of the values a job is enqueued with: arguments, options, task options.
+
+Every check here is pure Python (no database): the JSON round trip of arguments and return values,
+the handler-signature check, the size limit, and the checks of queue names, keys, ``run_at``,
+priorities, attempts and leases. :mod:`django_leasequeue.enqueue` builds job rows from these checks;
+``@task`` and the Django tasks backend check task options with :func:`check_task_options`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, TypedDict
+
+from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, queue_name_problem
+from .exceptions import ArgumentsMismatch, ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge
+from .retry import Backoff, as_backoff
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: The largest per-key concurrency limit (the column is an int; no key needs more slots).
+MAX_CONCURRENCY_LIMIT = 1_000_000
+
+
+class HandlerSpec(Protocol):
+    """What the signature checks read from a task spec (a :class:`~django_leasequeue.registry.TaskSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def func(self) -> Callable[..., Any]: ...
+
+    @property
+    def takes_context(self) -> bool: ...
+
+
+class JobOptions(TypedDict, total=False):
+    """Per-enqueue options of :func:`~django_leasequeue.enqueue.enqueue`, ``enqueue_many`` and
+    ``enqueue_on_commit`` (all optional; see :func:`~django_leasequeue.enqueue.enqueue` for their
+    meaning)."""
+
+    run_at: datetime | timedelta | None
+    queue: str | None
+    priority: int | None
+    unique_key: str | None
+    unique_scope: str | None
+    max_attempts: int | None
+
+
+class UsingOptions(TypedDict, total=False):
+    """Options :meth:`~django_leasequeue.registry.TaskSpec.using` accepts (all optional; see
+    :func:`~django_leasequeue.enqueue.enqueue`). ``lease`` is in seconds (int or float) or a
+    ``datetime.timedelta``."""
+
+    run_at: datetime | timedelta | None
+    queue: str | None
+    priority: int
+    unique_key: str | None
+    unique_scope: str
+    max_attempts: int | None
+    lease: float | timedelta | None
+
+
+def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:
+    """A duration option as seconds: ``value`` unchanged when a number, converted when a timedelta.
+
+    Args:
+        value: None, a number of seconds (int or float, not bool) or a ``datetime.timedelta``.
+        what: how to name the option in the message (e.g. ``"task 'x': timeout"``).
+        error: the exception class to raise (``ConfigurationError`` at declaration,
+            ``EnqueueError`` in :meth:`~django_leasequeue.registry.TaskSpec.using`).
+
+    Returns:
+        None for None, else the seconds (a float for a timedelta; the range is checked elsewhere).
+
+    Raises:
+        error: ``value`` is of another type (a str such as ``"5"``, a bool).
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{what} must be a number of seconds (int or float) or a timedelta, got {value!r}")
+    return value
+
+
+def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int | None = None,
+                       lease: float | timedelta | None = None, timeout: float | timedelta | None = None,
+                       backoff: Any = None,
+                       concurrency_key: Any = None, concurrency_limit: int | None = None,
+                       queue: str | None = None, takes_context: bool = False,
+                       manual_heartbeat: bool = False) -> None:
+    """Validate a task's options (shared by :func:`task` and the Django tasks backend).
+
+    Args:
+        task_name: the registry name (a non-empty str of at most 255 characters, no NUL).
+        priority: int, -100..100. max_attempts: int from 1 to ``MAX_ATTEMPTS_LIMIT`` or None.
+        lease: seconds (int, float or timedelta) in (0, 7 days] or None.
+        timeout: finite seconds (int, float or timedelta) > 0 or None.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, a number of seconds from 0 to 100
+            years, a callable ``attempt -> seconds``, or None.
+        concurrency_key: a ``str.format`` template or a callable, with ``concurrency_limit`` (an
+            int from 1 to ``MAX_CONCURRENCY_LIMIT``); both or neither.
+        queue: a queue name (see :func:`~django_leasequeue.conf.queue_name_problem`) or None.
+        takes_context, manual_heartbeat: bool.
+
+    Raises:
+        ConfigurationError: naming the task and the bad option.
+    """
+    if not isinstance(task_name, str) or not task_name or len(task_name) > 255 or "\x00" in task_name:
+        raise ConfigurationError(f"task name {task_name!r} must be a non-empty str of at most 255 characters "
+                                 "without NUL")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ConfigurationError(f"task {task_name!r}: priority {priority!r} is not an int in -100..100")
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
+        raise ConfigurationError(f"task {task_name!r}: max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                                 f"got {max_attempts!r}")
+    lease = seconds_option(lease, f"task {task_name!r}: lease", ConfigurationError)
+    timeout = seconds_option(timeout, f"task {task_name!r}: timeout", ConfigurationError)
+    for option, value in (("lease", lease), ("timeout", timeout)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be > 0 seconds, got {value!r}")
+    if lease is not None and lease > MAX_LEASE_SECONDS:
+        # Every enqueue would refuse it (see check_lease): say so at declaration.
+        raise ConfigurationError(f"task {task_name!r}: lease must be at most {MAX_LEASE_SECONDS:.0f} seconds "
+                                 f"(7 days), got {lease!r}")
+    if backoff is not None:
+        try:
+            as_backoff(backoff, Backoff())
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"task {task_name!r}: {exc}") from None
+    if queue is not None:
+        problem = queue_name_problem(queue, f"task {task_name!r}: queue")
+        if problem:
+            raise ConfigurationError(problem)
+    for option, flag in (("takes_context", takes_context), ("manual_heartbeat", manual_heartbeat)):
+        if not isinstance(flag, bool):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be True or False, got {flag!r}")
+    if (concurrency_key is None) != (concurrency_limit is None):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_key and concurrency_limit go together")
+    if concurrency_key is not None and not (isinstance(concurrency_key, str) or callable(concurrency_key)):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_key must be a str.format template or a callable, "
+                                 f"got {concurrency_key!r}")
+    if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+                                          or not 1 <= concurrency_limit <= MAX_CONCURRENCY_LIMIT):
+        raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be an int from 1 to "
+                                 f"{MAX_CONCURRENCY_LIMIT}, got {concurrency_limit!r}")
+
+# ---------------------------------------------------------------------------------------------
+# Payload checks
+# ---------------------------------------------------------------------------------------------
+
+
+# Deeper nesting would hit Python's recursion limit in json.dumps (and is never a sane payload).
+MAX_JSON_DEPTH = 500
+
+
+def check_text(text: str, path: str) -> None:
+    """Refuse strings PostgreSQL's jsonb cannot store: NUL characters and lone surrogates."""
+    if "\x00" in text:
+        raise PayloadNotSerializable(f"{path} contains a NUL character (\\u0000), which PostgreSQL's jsonb rejects")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadNotSerializable(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+
+
+# Python refuses to turn text of more than sys.int_info.default_max_str_digits (4300) digits into an
+# int unless a process raises its own limit; json.loads then fails with a bare ValueError. The
+# limit is the default one, not this process's: the worker, the admin and the result readers decode
+# the row in their own processes, with the default limit.
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits or 4300
+_INT_BOUND = 10 ** MAX_INT_DIGITS
+
+
+def _check_int(number: int, path: str) -> None:
+    """Refuse an int of more than :data:`MAX_INT_DIGITS` (4300) digits: ``json.dumps`` raises a
+    bare ValueError on it in a process with the default limit, and a process with a raised limit
+    would write JSON that every other process fails to read back."""
+    if abs(number) >= _INT_BOUND:
+        raise PayloadNotSerializable(f"{path} is an int of more than {MAX_INT_DIGITS} digits, which other Python "
+                                     "processes cannot read back from JSON (sys.get_int_max_str_digits); "
+                                     "pass it as a str")
+
+
+def check_json(value: Any, where: str, *, exact_scalars: bool = True) -> None:
+    """Check that ``value`` round-trips through JSON unchanged (same types, same values).
+
+    Accepted: None, bool, int, finite float, str, list, and dict with str keys, nested.
+
+    Args:
+        exact_scalars: refuse subclasses of int/float/str (IntEnum, StrEnum, ...): they serialise
+            as their base type, so a job argument would reach the handler as a plain int/str.
+            False for return values, which are stored for reading, not passed back to code.
+
+    Raises:
+        PayloadNotSerializable: naming ``where`` and the path of the first offending value.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    scalars = (bool, int, str)
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise PayloadNotSerializable(f"{path} is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(item, str):
+            check_text(item, path)
+        elif isinstance(item, int) and item.bit_length() > 3000:  # about 900 digits: cheap pre-check
+            _check_int(item, path)
+        if item is None or (type(item) in scalars if exact_scalars else isinstance(item, scalars)):
+            continue
+        if type(item) is float or (not exact_scalars and isinstance(item, float)):
+            if not math.isfinite(item):
+                raise PayloadNotSerializable(f"{path} is {item!r}: JSON has no NaN or infinity")
+            if "e+" in repr(item):
+                # PostgreSQL's jsonb keeps numbers as numeric and prints 1e16 as 10000000000000000,
+                # which comes back as an int.
+                raise PayloadNotSerializable(
+                    f"{path} is {item!r}: floats this large come back from PostgreSQL's jsonb as int; "
+                    "pass it as a str or an int")
+            continue
+        if isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
+            continue
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise PayloadNotSerializable(
+                        f"{path} has key {k!r} of type {type(k).__name__}: JSON object keys must be str "
+                        "(it would come back as a different key)"
+                    )
+                check_text(k, f"{path} key {k!r}")
+                stack.append((v, f"{path}[{k!r}]", depth + 1))
+            continue
+        hint = ""
+        base = next((b.__name__ for b in (int, float, str) if isinstance(item, b)), None)
+        if base is not None:
+            hint = f" (a subclass of {base}: it would arrive as a plain {base}; pass {base}(value) and convert it back)"
+        elif isinstance(item, tuple):
+            hint = " (JSON would turn it into a list; pass a list)"
+        elif type(item).__name__ in {"Decimal", "datetime", "date", "UUID", "time"}:
+            hint = " (pass str(value) and convert it back in the handler)"
+        raise PayloadNotSerializable(
+            f"{path} is a {type(item).__module__}.{type(item).__qualname__}, which does not round-trip "
+            f"through JSON{hint}"
+        )
+
+
+# Handler -> its signature as enqueue() receives the arguments (the context parameter left out), or
+# None when it has none Python can tell. Cached: inspect.signature costs more than the checks.
+_SIGNATURES: dict[tuple[Any, bool], inspect.Signature | None] = {}
+
+
+def enqueue_signature(task_spec: HandlerSpec) -> inspect.Signature | None:
+    """The parameters a job of ``task_spec`` is enqueued with: the handler's signature without the
+    :class:`JobContext` parameter of a ``takes_context`` handler. None when the handler has no
+    signature Python can read (some builtins and C callables)."""
+    key = (task_spec.func, task_spec.takes_context)
+    try:
+        return _SIGNATURES[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: not cached
+        return _read_signature(task_spec.func, task_spec.takes_context)
+    if len(_SIGNATURES) > 10_000:
+        _SIGNATURES.clear()
+    found = _SIGNATURES[key] = _read_signature(task_spec.func, task_spec.takes_context)
+    return found
+
+
+def _read_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(func)
+    except Exception:  # noqa: BLE001 - no signature (or annotations that cannot be evaluated)
+        return None
+    params = list(signature.parameters.values())
+    if takes_context:
+        if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return None  # (*args, **kwargs) or the like: the context goes who knows where
+        params = params[1:]
+    return signature.replace(parameters=params)
+
+
+def positional_names(signature: inspect.Signature | None) -> list[str]:
+    """The names of the positional parameters of ``signature`` (from :func:`enqueue_signature`), in
+    order, to name a bad positional argument in a message; ``[]`` for None."""
+    if signature is None:
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind in kinds]
+
+
+def check_arguments_bind(task_spec: HandlerSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse arguments the handler of ``task_spec`` cannot be called with (missing or unexpected ones).
+
+    Raises:
+        ArgumentsMismatch: naming the task, the problem and the handler's signature.
+    """
+    signature = enqueue_signature(task_spec)
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentsMismatch(f"task {task_spec.name!r} cannot take these arguments: {exc}; it is enqueued "
+                                f"as {task_spec.name}{signature}") from None
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int,
+                   names: Sequence[str] = ()) -> tuple[str, str]:
+    """Validate and JSON-encode a job's arguments.
+
+    Args:
+        args, kwargs: the arguments.
+        limit: the largest encoded size in bytes (0: no limit).
+        names: the names of the handler's positional parameters, to name a bad positional argument
+            (``argument 'amount'``); a positional argument without a name is ``args[i]`` (from 0).
+
+    Returns:
+        ``(args_json, kwargs_json)``.
+
+    Raises:
+        PayloadNotSerializable: an argument does not round-trip through JSON (named in the message).
+        PayloadTooLarge: the encoded arguments exceed ``limit`` bytes.
+    """
+    args = list(args)
+    for i, value in enumerate(args):
+        check_json(value, f"argument {names[i]!r}" if i < len(names) else f"args[{i}]")
+    for key, value in kwargs.items():
+        if not isinstance(key, str):
+            raise PayloadNotSerializable(f"keyword argument name {key!r} is not a str")
+        check_text(key, f"keyword argument name {key!r}")
+        check_json(value, f"keyword argument {key!r}")
+    args_json = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    kwargs_json = json.dumps(dict(kwargs), separators=(",", ":"), ensure_ascii=False)
+    size = len(args_json.encode()) + len(kwargs_json.encode())
+    if limit and size > limit:
+        raise PayloadTooLarge(
+            f"job arguments are {size} bytes, over LEASEQUEUE['MAX_PAYLOAD_BYTES'] = {limit}; "
+            "store large data in a table and pass its id"
+        )
+    return args_json, kwargs_json
+
+
+
+
+MAX_QUEUE_LENGTH = 100  # Job.queue's max_length
+MAX_DELAY_SECONDS = 100 * 366 * 24 * 3600.0
+
+
+def check_name(value: Any, what: str, max_length: int) -> None:
+    """Refuse a queue name, unique key or concurrency key the job table cannot store as given.
+
+    Args:
+        value: the value (must be a non-empty str of at most ``max_length`` characters, without NUL,
+            encodable as UTF-8).
+        what: how to name it in the message (``"unique_key"``).
+        max_length: the column's length in characters.
+
+    Raises:
+        EnqueueError: naming ``what`` and the problem.
+    """
+    if not isinstance(value, str) or not value:
+        raise EnqueueError(f"{what} must be a non-empty str, got {value!r}")
+    if len(value) > max_length:
+        raise EnqueueError(f"{what} is {len(value)} characters long; the limit is {max_length}: {value[:40]!r}...")
+    if "\x00" in value:
+        raise EnqueueError(f"{what} {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EnqueueError(f"{what} {value!r} is not valid UTF-8") from None
+
+
+# The earliest and latest run_at accepted, in UTC. PostgreSQL stores far wider timestamps, but
+# Python's datetime ends at years 1 and 9999: a run_at past 9999-12-31 in UTC (an aware value near
+# the end of year 9999 in a zone west of UTC) is written, then cannot be read back, so enqueue would
+# raise after the INSERT and every page listing the job would fail. A day of margin on each side
+# keeps the value printable in every time zone (UTC-12 to UTC+14).
+#: The earliest ``run_at`` accepted (UTC).
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+#: The latest ``run_at`` accepted (UTC): the end of 9999-12-30.
+RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+
+
+def check_run_at_range(run_at: datetime) -> None:
+    """Refuse an aware ``run_at`` whose UTC value is outside [:data:`RUN_AT_MIN`, :data:`RUN_AT_MAX`].
+
+    Raises:
+        EnqueueError: naming the value and the range.
+    """
+    try:
+        utc = run_at.astimezone(UTC)
+    except (OverflowError, ValueError):
+        utc = None
+    if utc is None or not RUN_AT_MIN <= utc <= RUN_AT_MAX:
+        raise EnqueueError(f"run_at {run_at.isoformat()} is outside the range a job can be stored and read back "
+                           f"with: {RUN_AT_MIN.isoformat()} to {RUN_AT_MAX.isoformat()} in UTC")
+
+
+def check_using(task_name: str, options: dict[str, Any]) -> None:
+    """Validate the options given to :meth:`~django_leasequeue.registry.TaskSpec.using` now, not at
+    the next enqueue.
+
+    Raises:
+        EnqueueError: naming the bad option, with the message
+            :func:`~django_leasequeue.enqueue.build_job` would give.
+    """
+    queue = options.get("queue")
+    if queue is not None:
+        problem = queue_name_problem(queue, "queue")
+        if problem:
+            raise EnqueueError(problem)
+    check_priority(options.get("priority", 0))
+    attempts = options.get("max_attempts")
+    if attempts is not None:
+        check_max_attempts(attempts)
+    check_lease(options.get("lease"), f"task {task_name!r}: lease", EnqueueError)
+    check_unique_scope(options.get("unique_scope", "retained"))
+    if options.get("unique_key") is not None:
+        check_name(options["unique_key"], "unique_key", 255)
+    run_at_delay(options.get("run_at"))
+
+
+def check_priority(priority: Any) -> None:
+    """Refuse a job priority that is not an int from -100 to 100.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise EnqueueError(f"priority must be an int from -100 to 100, got {priority!r}")
+
+
+def check_max_attempts(attempts: Any) -> None:
+    """Refuse a job's ``max_attempts`` that is not an int from 1 to ``MAX_ATTEMPTS_LIMIT``.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+        raise EnqueueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {attempts!r}")
+
+
+def check_unique_scope(scope: Any) -> None:
+    """Refuse a ``unique_scope`` other than ``"retained"`` and ``"active"``.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if scope not in ("retained", "active"):
+        raise EnqueueError(f"unique_scope must be 'retained' or 'active', got {scope!r}")
+
+
+def run_at_delay(run_at: Any) -> tuple[float, datetime | None]:
+    """Split a ``run_at`` option into what the insert statement takes.
+
+    Args:
+        run_at: None (due now), a ``timedelta`` from the database clock of at most 100 years either
+            way, or an aware datetime within :data:`RUN_AT_MIN` .. :data:`RUN_AT_MAX` in UTC.
+
+    Returns:
+        ``(delay in seconds, None)`` for a timedelta, ``(0.0, run_at)`` for a datetime,
+        ``(0.0, None)`` for None.
+
+    Raises:
+        EnqueueError: another type, a naive datetime, a value out of range.
+    """
+    if isinstance(run_at, timedelta):
+        delay = run_at.total_seconds()
+        if abs(delay) > MAX_DELAY_SECONDS:
+            raise EnqueueError(f"run_at timedelta of {delay:.0f} seconds is more than 100 years away")
+        return delay, None
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise EnqueueError(f"run_at must be an aware datetime or a timedelta, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise EnqueueError(f"run_at {run_at.isoformat()} is naive; pass an aware datetime "
+                               "(django.utils.timezone.make_aware) or a timedelta")
+        check_run_at_range(run_at)
+    return 0.0, run_at
+
+
+def check_lease(value: Any, what: str, error: type[Exception]) -> None:
+    """Refuse a lease that is not None (the worker's default) or finite seconds in (0, 7 days].
+
+    Args:
+        value: the lease in seconds (int or float), or None.
+        what: how to name it in the message (``"task 'x': lease"``).
+        error: the exception class to raise (``ConfigurationError`` or ``EnqueueError``).
+
+    Raises:
+        error: the lease is out of range or not a number.
+    """
+    problem = check_lease_seconds(value, what) if value is not None else None
+    if problem:
+        raise error(problem)
+
+
+# The largest JSON text (in characters) one job_insert_many() statement sends. PostgreSQL refuses a
+# jsonb value over 256 MB, and a chunk of 10,000 jobs of up to MAX_PAYLOAD_BYTES each (1 MiB by
+# default) can be far larger; numbers also take more room in jsonb than in JSON text. A chunk over
+# this is split (the general path sent one text per job, each within the per-job limit).
+MAX_CHUNK_CHARS = 16 * 1024 * 1024
+
+
+def encode_chunks(pairs: Sequence[tuple[list[Any], dict[str, Any]]], first: int, *, limit: int,
+                   names: Sequence[str]) -> list[tuple[str, str | None]]:
+    """:func:`encode_payload_many` of ``pairs``, split in halves until each part's JSON is at most
+    ``MAX_CHUNK_CHARS`` characters (a single job is never split). Returns the parts in order."""
+    args_json, kwargs_json = encode_payload_many(pairs, limit=limit, names=names, first=first)
+    if len(pairs) > 1 and len(args_json) + len(kwargs_json or "") > MAX_CHUNK_CHARS:
+        half = len(pairs) // 2
+        return (encode_chunks(pairs[:half], first, limit=limit, names=names)
+                + encode_chunks(pairs[half:], first + half, limit=limit, names=names))
+    return [(args_json, kwargs_json)]
+
+
+def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *, limit: int,
+                        names: Sequence[str] = (), first: int = 0) -> tuple[str, str | None]:
+    """Validate many jobs' arguments and encode them as two JSON arrays (for :func:`store.job_insert_many`).
+
+    Every job gets the checks of :func:`encode_payload` (JSON round trip: NUL characters, lone
+    surrogates, nesting depth, large floats, str keyword names; the size limit per job).
+
+    Args:
+        pairs: ``(args list, kwargs dict)`` per job.
+        limit: ``MAX_PAYLOAD_BYTES`` per job (0: no limit).
+        names: the handler's positional parameter names, to name a bad positional argument (as
+            :func:`encode_payload`).
+        first: the index of ``pairs[0]`` in the caller's whole list (for the messages).
+
+    Returns:
+        ``(args array JSON, kwargs array JSON or None when no job has keyword arguments)``.
+
+    Raises:
+        PayloadNotSerializable, PayloadTooLarge: as :func:`encode_payload`, naming the job's index.
+    """
+    any_kwargs = False
+    for i, (a, kw) in enumerate(pairs, first):
+        for n, value in enumerate(a):
+            check_json(value, f"job {i} argument {names[n]!r}" if n < len(names) else f"job {i} args[{n}]")
+        if kw:
+            any_kwargs = True
+            for key, value in kw.items():
+                if not isinstance(key, str):
+                    raise PayloadNotSerializable(f"job {i} keyword argument name {key!r} is not a str")
+                check_text(key, f"job {i} keyword argument name {key!r}")
+                check_json(value, f"job {i} keyword argument {key!r}")
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    args_json = dumps([a for a, _ in pairs])
+    kwargs_json = dumps([kw for _, kw in pairs]) if any_kwargs else None
+    # The arrays are at least as long as their largest element (each empty kwargs counts as "{}").
+    if limit and len(args_json.encode()) + (len(kwargs_json.encode()) if kwargs_json else 2 * len(pairs)) > limit:
+        # The whole chunk is over one job's limit: find the job that is (most chunks never get here).
+        for i, (a, kw) in enumerate(pairs, first):
+            size = len(dumps(a).encode()) + len(dumps(kw).encode())
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"job {i}: arguments are {size} bytes, over LEASEQUEUE['MAX_PAYLOAD_BYTES'] = {limit}; "
+                    "store large data in a table and pass its id"
+                )
+    return args_json, kwargs_json
+
+
+def json_dumps_result(value: Any) -> str:
+    """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
+    check_json(value, "return value", exact_scalars=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,405 @@
+"""Enqueueing: ``@task``, :func:`enqueue`, :func:`enqueue_many`, :func:`enqueue_on_commit`.
+
+The one way a job row is written. :func:`build_job` validates the values (with
+:mod:`django_leasequeue.arguments`) and returns a :class:`~django_leasequeue.store.NewJob`;
+:func:`insert_job` and :func:`insert_jobs` (one row, many rows) and :func:`enqueue_many` (one task,
+many arguments) call the store's insert statements and send the ``enqueued`` event for every row
+written, here and nowhere else. ``enqueue()``, ``enqueue_on_commit()``, the scheduler, the admin's
+"run schedule now" and the Django tasks backend all go through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
+
+from . import signals
+from .arguments import (
+    MAX_CONCURRENCY_LIMIT,
+    JobOptions,
+    check_arguments_bind,
+    check_lease,
+    check_max_attempts,
+    check_name,
+    check_priority,
+    check_task_options,
+    check_unique_scope,
+    encode_chunks,
+    encode_payload,
+    enqueue_signature,
+    positional_names,
+    run_at_delay,
+    seconds_option,
+)
+from .conf import get_settings, queue_name_problem
+from .exceptions import ConfigurationError, EnqueueError
+from .registry import P, R, TaskSpec, register_task, resolve_task
+from .retry import BackoffLike
+
+if TYPE_CHECKING:
+    from .context import JobContext
+    from .models import Job
+    from .store import NewJob
+
+__all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs", "task"]
+
+# The store (and with it the models) is imported inside the functions below, not here: ``@task``
+# runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
+# when importing models would raise AppRegistryNotReady.
+
+
+class Task(TaskSpec[P, R]):
+    """What ``@task`` returns: a :class:`~django_leasequeue.registry.TaskSpec` that enqueues.
+
+    ``enqueue()`` writes a job in the caller's transaction, ``enqueue_on_commit()`` when it
+    commits; ``using()`` returns a copy with other options; calling the object calls the handler
+    in-process (no queue). Typed as ``Task[P, R]``: see :class:`~django_leasequeue.registry.TaskSpec`.
+    """
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Enqueue one job of this task in the caller's transaction. See :func:`enqueue`."""
+        return enqueue(self, args, kwargs)
+
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Enqueue one job when the current transaction commits. See :func:`enqueue_on_commit`."""
+        enqueue_on_commit(self, args, kwargs)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Async wrapper of :meth:`enqueue` (runs it in a thread with ``sync_to_async``)."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+
+@overload
+def task(func: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: Literal[False] = False,
+         manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: Literal[True], manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
+
+
+@overload
+def task(func: None = None, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+         max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
+         timeout: float | timedelta | None = None, takes_context: bool, manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
+
+
+def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
+         priority: int = 0, max_attempts: int | None = None, backoff: BackoffLike | None = None,
+         lease: float | timedelta | None = None, timeout: float | timedelta | None = None,
+         takes_context: bool = False, manual_heartbeat: bool = False,
+         concurrency_key: str | Callable[..., str] | None = None,
+         concurrency_limit: int | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
+    """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
+
+    The returned :class:`Task` keeps the handler's signature for type checkers:
+    ``Task[P, R]``, whose ``enqueue(*args: P.args, **kwargs: P.kwargs)`` is checked against the
+    handler's parameters. With ``takes_context=True`` (given as the literal ``True``) the first
+    parameter, the :class:`~django_leasequeue.context.JobContext`, is left out of ``P``.
+
+    Args:
+        func: the handler, when used as a bare ``@task``.
+        name: registry name; default ``"<module>.<qualname>"``.
+        queue: default queue; None means ``LEASEQUEUE["DEFAULT_QUEUE"]``.
+        priority: -100..100, higher first.
+        max_attempts: claims before dead-lettering (>= 1); None means the setting.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
+            None means the ``BACKOFF_*`` settings.
+        lease: lease length, seconds (int or float) or a ``datetime.timedelta``; None means the
+            worker's default (``LEASE``).
+        timeout: how long one attempt may run, seconds (int or float) or a ``datetime.timedelta``;
+            past it the attempt fails as ``JobTimedOut`` (see :class:`Task`). None: no timeout.
+        takes_context: pass the :class:`~django_leasequeue.context.JobContext` as first argument.
+        manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
+        concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.
+        concurrency_limit: at most this many jobs of one ``concurrency_key`` are leased at once.
+
+    Returns:
+        A :class:`Task`.
+
+    Raises:
+        ConfigurationError: a bad option, or another function already registered under ``name``.
+    """
+
+    def register(fn: Callable[..., Any]) -> Task[..., Any]:
+        task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+        lease_s = seconds_option(lease, f"task {task_name!r}: lease", ConfigurationError)
+        timeout_s = seconds_option(timeout, f"task {task_name!r}: timeout", ConfigurationError)
+        check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease_s, timeout=timeout_s,
+                           backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                           queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
+        registered: Task[..., Any] = Task(
+            func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
+            lease=lease_s, timeout=timeout_s, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+        )
+        register_task(registered)
+        return registered
+
+    return register(func) if func is not None else register
+
+def _announce(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
+    """Send the ``enqueued`` event of one written job (every insert path below calls this)."""
+    signals.emit("enqueued", job_id=job_id, task=task_name, queue=queue, attempt=0, token=0, **extra)
+
+
+def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+              run_at: datetime | timedelta | None = None, queue: str | None = None,
+              priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
+              max_attempts: int | None = None, check_signature: bool = True, schedule_id: int | None = None,
+              occurrence_at: datetime | None = None) -> NewJob:
+    """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
+
+    Args:
+        task_spec: the task; its options are the defaults of the ones below.
+        args, kwargs, run_at, queue, priority, unique_key, unique_scope, max_attempts: see
+            :func:`enqueue`.
+        check_signature: refuse arguments that do not bind to the handler's signature
+            (:class:`ArgumentsMismatch`). The scheduler passes False: its jobs are emitted even for
+            tasks this process does not know (a rolling deploy), so its signature may be stale.
+        schedule_id: the schedule the job is emitted for (the scheduler, the admin's "run now").
+        occurrence_at: the cron occurrence (an aware datetime) the job stands for (the scheduler).
+
+    Returns:
+        The row to insert (:func:`insert_job`, :func:`insert_jobs`); nothing is written yet.
+
+    Raises:
+        EnqueueError (and its subclasses): see :func:`enqueue`.
+    """
+    from .store import NewJob
+
+    settings = get_settings()
+    kwargs = dict(kwargs or {})
+    if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
+        raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
+    args = list(args)
+    args_json, kwargs_json = encode_payload(args, kwargs, limit=settings.max_payload_bytes,
+                                            names=positional_names(enqueue_signature(task_spec)))
+    if check_signature:
+        check_arguments_bind(task_spec, args, kwargs)
+    check_name(task_spec.name, "task name", 255)
+    queue = queue or task_spec.queue or settings.default_queue
+    problem = queue_name_problem(queue, "queue")
+    if problem:
+        raise EnqueueError(problem)
+    if not settings.queue_allowed(queue):
+        raise EnqueueError(f"unknown queue {queue!r}; LEASEQUEUE['QUEUES'] allows {sorted(settings.queues or [])}")
+    priority = task_spec.priority if priority is None else priority
+    check_priority(priority)
+    # "is None", not "or": an explicit max_attempts=0 is an error, not a request for the default.
+    attempts = max_attempts if max_attempts is not None else (task_spec.max_attempts or settings.max_attempts)
+    check_max_attempts(attempts)
+    check_lease(task_spec.lease, f"task {task_spec.name!r}: lease", EnqueueError)
+    delay, run_at = run_at_delay(task_spec.run_at if run_at is None else run_at)
+    unique_key = task_spec.unique_key if unique_key is None else unique_key
+    unique_scope = unique_scope or task_spec.unique_scope
+    check_unique_scope(unique_scope)
+    if unique_key is not None:
+        check_name(unique_key, "unique_key", 255)
+    if task_spec.concurrency_limit is not None and (
+            isinstance(task_spec.concurrency_limit, bool) or not isinstance(task_spec.concurrency_limit, int)
+            or not 1 <= task_spec.concurrency_limit <= MAX_CONCURRENCY_LIMIT):
+        raise EnqueueError(f"task {task_spec.name!r}: concurrency_limit must be an int from 1 to "
+                           f"{MAX_CONCURRENCY_LIMIT}, got {task_spec.concurrency_limit!r}")
+    conc_key = None
+    if task_spec.concurrency_key is not None:
+        try:
+            if callable(task_spec.concurrency_key):
+                conc_key = str(task_spec.concurrency_key(*args, **kwargs))
+            else:
+                conc_key = task_spec.concurrency_key.format(*args, **kwargs)
+        except Exception as exc:
+            raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
+        check_name(conc_key, f"task {task_spec.name!r}: concurrency_key", 255)
+    return NewJob(task=task_spec.name, queue=queue, priority=priority, args_json=args_json, kwargs_json=kwargs_json,
+                  max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=task_spec.lease,
+                  unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,
+                  concurrency_limit=task_spec.concurrency_limit if conc_key is not None else None,
+                  schedule_id=schedule_id, occurrence_at=occurrence_at)
+
+
+def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
+            kwargs: Mapping[str, Any] | None = None, *,
+            run_at: datetime | timedelta | None = None, queue: str | None = None, priority: int | None = None,
+            unique_key: str | None = None, unique_scope: str | None = None,
+            max_attempts: int | None = None) -> Job:
+    """Write one job in the caller's transaction and return it.
+
+    The job exists only if the caller's transaction commits (on the job table's database, chosen by
+    the database routers); a worker cannot see it before. With a ``unique_key`` already taken, the
+    existing job is returned: no IntegrityError, and the caller's transaction is not aborted.
+
+    Args:
+        task_or_name: a :class:`Task` or a registered task name.
+        args: the handler's positional arguments; they must round-trip through JSON unchanged.
+        kwargs: the handler's keyword arguments; the same rule.
+        run_at: an aware datetime within 0001-01-02 .. 9999-12-30 in UTC (``arguments.RUN_AT_MIN``,
+            ``arguments.RUN_AT_MAX``), or a timedelta from the database clock of at most 100 years
+            either way; default: due now.
+        queue: overrides the task's queue.
+        priority: overrides the task's priority (-100..100).
+        max_attempts: overrides the task's ``max_attempts``.
+        unique_key: idempotency key (at most 255 characters).
+        unique_scope: ``"retained"`` (default: the key stays taken while the row exists) or
+            ``"active"`` (taken while the job is ready or leased).
+
+    Returns:
+        The new :class:`~django_leasequeue.models.Job`, or the existing one holding ``unique_key``.
+
+    Raises:
+        PayloadNotSerializable: an argument is not JSON (the message names it). Nothing is written.
+        ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
+        PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
+        EnqueueError: naive ``run_at`` or one outside its range, priority outside -100..100,
+            unknown queue, bad unique key. Nothing is written.
+        UnknownTask: ``task_or_name`` is a name nobody registered.
+        django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
+            transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed
+            ``unique_key`` after its snapshot; retry the whole transaction (docs/howto/idempotency.md).
+    """
+    task_spec = resolve_task(task_or_name)
+    new = build_job(task_spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
+                    unique_scope=unique_scope, max_attempts=max_attempts)
+    return insert_job(new)[0]
+
+
+def insert_job(new: NewJob) -> tuple[Job, bool]:
+    """Insert one job built by :func:`build_job` in the caller's transaction.
+
+    Returns:
+        ``(job, created)``: the new job and True, or the job already holding ``new.unique_key``
+        and False (then nothing was written and no ``enqueued`` event is sent).
+
+    Raises:
+        EnqueueError: the unique key kept changing hands (released and retaken) five times.
+    """
+    from . import store
+
+    settings = get_settings()
+    alias = store.db_alias()
+    # A unique key held by a job in "active" scope can be released between our failed insert and
+    # the lookup (the job finished); then we insert again. Two rounds are enough in practice.
+    for _ in range(5):
+        job = store.job_insert_one(new, notify=settings.notify, channel=settings.notify_channel, alias=alias)
+        if job is not None:
+            if signals.enabled("enqueued"):
+                _announce(job.id, job.task, job.queue)
+            return job, True
+        existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
+        if existing is not None:
+            return existing, False
+    raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
+
+def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alias: str | None = None,
+                event_fields: Callable[[Job], Mapping[str, Any]] | None = None) -> list[Job]:
+    """Insert jobs built by :func:`build_job` in one statement, in the caller's transaction.
+
+    Args:
+        new_jobs: the rows to write (at most a few thousand per call: one statement).
+        now: the database clock reading to stamp them with (the scheduler's tick); None: read it.
+        alias: the database alias; None: the job table's.
+        event_fields: extra fields of each job's ``enqueued`` event (the scheduler's schedule name
+            and occurrence), or None.
+
+    Returns:
+        The inserted jobs; a job whose ``unique_key`` is taken is skipped (not returned, no event).
+    """
+    from . import store
+
+    settings = get_settings()
+    rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now, alias=alias)
+    if rows and signals.enabled("enqueued"):
+        for job in rows:
+            _announce(job.id, job.task, job.queue, **(event_fields(job) if event_fields else {}))
+    return rows
+
+def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
+                 arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+                 **options: Unpack[JobOptions]) -> int:
+    """Enqueue many jobs of one task in one INSERT statement (bulk), in the caller's transaction.
+
+    Args:
+        arg_list: each item is a list/tuple of positional arguments, or ``(args, kwargs)`` when
+            given as a 2-tuple whose second element is a dict.
+        options: as for :func:`enqueue` (``run_at``, ``queue``, ``priority``, ``max_attempts``).
+
+    Returns:
+        The number of jobs inserted (jobs whose ``unique_key`` was taken are skipped).
+    """
+    from . import store
+
+    task_spec = resolve_task(task_or_name)
+    settings = get_settings()
+    pairs = []
+    for item in arg_list:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+            a, kw = item
+        else:
+            a, kw = item, {}
+        if isinstance(a, (str, bytes)) or not isinstance(a, Iterable):
+            raise EnqueueError(f"args must be a list or tuple of arguments, got {a!r}")
+        pairs.append((list(a), dict(kw)))
+    if not pairs:
+        return 0
+    report = signals.enabled("enqueued")
+    if task_spec.concurrency_key is not None:
+        # Per-job concurrency keys: the general path, one NewJob per job.
+        jobs = [build_job(task_spec, a, kw, **options) for a, kw in pairs]
+        return sum(len(insert_jobs(jobs[start:start + 10_000])) for start in range(0, len(jobs), 10_000))
+    # Same task and options for every job: validate the options once, each job's arguments one by
+    # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
+    # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
+    template = build_job(task_spec, [], {}, check_signature=False, **options)
+    names = positional_names(enqueue_signature(task_spec))
+    # The payload checks first, then the signature, in build_job()'s order: a job gets the error
+    # enqueue() would raise for it (e.g. a keyword name that is not a str cannot be stored).
+    chunks = [chunk for start in range(0, len(pairs), 10_000)
+              for chunk in encode_chunks(pairs[start:start + 10_000], start, limit=settings.max_payload_bytes,
+                                          names=names)]
+    for a, kw in pairs:
+        check_arguments_bind(task_spec, a, kw)
+    total = 0
+    for args_json, kwargs_json in chunks:
+        count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
+                                           channel=settings.notify_channel, want_ids=report)
+        total += count
+        for job_id in ids:
+            _announce(job_id, template.task, template.queue)
+    return total
+
+
+def enqueue_on_commit(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
+                      kwargs: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]) -> None:
+    """Enqueue when the current transaction commits (``transaction.on_commit``); same arguments as
+    :func:`enqueue`.
+
+    The arguments are validated and encoded now, so a bad argument raises here, not after the
+    commit, and changing the argument objects after this call does not change the job. An error
+    in the deferred enqueue is not swallowed: Django raises it from the commit (``robust=False``).
+    Outside a transaction the job is enqueued at once.
+    """
+    from django.db import transaction
+
+    from . import store
+
+    task_spec = resolve_task(task_or_name)
+    new = build_job(task_spec, args, kwargs, **options)  # validate and snapshot the arguments now
+    transaction.on_commit(lambda: insert_job(new), using=store.db_alias())
+

@@ -92,7 +92,7 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
     from lqbench.tasks import noop
 
     from django_leasequeue import registry
-    from django_leasequeue.enqueue import build_job
+    from django_leasequeue.enqueueing import build_job
 
     registry.autodiscover()
 

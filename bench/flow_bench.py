@@ -64,7 +64,7 @@ def main() -> None:
 
     from django_leasequeue import store
     from django_leasequeue.conf import RateLimit
-    from django_leasequeue.enqueue import build_job, task
+    from django_leasequeue.enqueueing import build_job, task
 
     call_command("migrate", verbosity=0)
 

@@ -8,19 +8,17 @@ Public API (imported lazily, so ``import django_leasequeue`` never imports model
 
 from __future__ import annotations
 
-import sys
-import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "task": "enqueue",
-    "Task": "enqueue",
-    "enqueue": "enqueue",
-    "enqueue_many": "enqueue",
-    "enqueue_on_commit": "enqueue",
+    "task": "enqueueing",
+    "Task": "enqueueing",
+    "enqueue": "enqueueing",
+    "enqueue_many": "enqueueing",
+    "enqueue_on_commit": "enqueueing",
     "JobContext": "context",
     "Backoff": "retry",
     "LeaseQueueError": "exceptions",
@@ -41,11 +39,11 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     # "X as X": explicit re-exports for type checkers (__all__ above is computed).
     from .context import JobContext as JobContext
-    from .enqueue import Task as Task
-    from .enqueue import enqueue as enqueue
-    from .enqueue import enqueue_many as enqueue_many
-    from .enqueue import enqueue_on_commit as enqueue_on_commit
-    from .enqueue import task as task
+    from .enqueueing import Task as Task
+    from .enqueueing import enqueue as enqueue
+    from .enqueueing import enqueue_many as enqueue_many
+    from .enqueueing import enqueue_on_commit as enqueue_on_commit
+    from .enqueueing import task as task
     from .exceptions import ArgumentsMismatch as ArgumentsMismatch
     from .exceptions import ConfigurationError as ConfigurationError
     from .exceptions import EnqueueError as EnqueueError
@@ -59,6 +57,7 @@ if TYPE_CHECKING:
     from .exceptions import UnknownTask as UnknownTask
     from .retry import Backoff as Backoff
 
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
@@ -66,21 +65,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
-
-
-class _Package(types.ModuleType):
-    """The package's module type: keeps each exported name bound to the exported object.
-
-    The import system binds a submodule as an attribute of its package once it is loaded. The
-    submodule ``enqueue`` has the name of the function ``enqueue``; without this, importing the
-    submodule first would make ``from django_leasequeue import enqueue`` return the module. The
-    submodule stays in ``sys.modules``: ``from django_leasequeue.enqueue import build_job`` works.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -64,7 +64,7 @@ from django.utils.timesince import timesince
 
 from . import arguments, cron, registry, store
 from .conf import get_settings, queue_name_problem
-from .enqueue import build_job, insert_jobs
+from .enqueueing import build_job, insert_jobs
 from .exceptions import LeaseQueueError
 from .models import Dashboard, DeadLetter, Job, JobStatus, QueueState, Schedule
 
@@ -874,7 +874,7 @@ def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None
 
     The key is ``leasequeue:schedule:<id>:run-now:<nonce>``; the change page's button carries a
     nonce made when the page was rendered, so a double-submitted form enqueues one job. The job is
-    written through :func:`~django_leasequeue.enqueue.insert_jobs`, so it sends one ``enqueued``
+    written through :func:`~django_leasequeue.enqueueing.insert_jobs`, so it sends one ``enqueued``
     event like every other enqueue.
 
     Args:

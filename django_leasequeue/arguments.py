@@ -2,7 +2,7 @@
 
 Every check here is pure Python (no database): the JSON round trip of arguments and return values,
 the handler-signature check, the size limit, and the checks of queue names, keys, ``run_at``,
-priorities, attempts and leases. :mod:`django_leasequeue.enqueue` builds job rows from these checks;
+priorities, attempts and leases. :mod:`django_leasequeue.enqueueing` builds job rows from these checks;
 ``@task`` and the Django tasks backend check task options with :func:`check_task_options`.
 """
 
@@ -39,8 +39,8 @@ class HandlerSpec(Protocol):
 
 
 class JobOptions(TypedDict, total=False):
-    """Per-enqueue options of :func:`~django_leasequeue.enqueue.enqueue`, ``enqueue_many`` and
-    ``enqueue_on_commit`` (all optional; see :func:`~django_leasequeue.enqueue.enqueue` for their
+    """Per-enqueue options of :func:`~django_leasequeue.enqueueing.enqueue`, ``enqueue_many`` and
+    ``enqueue_on_commit`` (all optional; see :func:`~django_leasequeue.enqueueing.enqueue` for their
     meaning)."""
 
     run_at: datetime | timedelta | None
@@ -53,7 +53,7 @@ class JobOptions(TypedDict, total=False):
 
 class UsingOptions(TypedDict, total=False):
     """Options :meth:`~django_leasequeue.registry.TaskSpec.using` accepts (all optional; see
-    :func:`~django_leasequeue.enqueue.enqueue`). ``lease`` is in seconds (int or float) or a
+    :func:`~django_leasequeue.enqueueing.enqueue`). ``lease`` is in seconds (int or float) or a
     ``datetime.timedelta``."""
 
     run_at: datetime | timedelta | None
@@ -410,7 +410,7 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
 
     Raises:
         EnqueueError: naming the bad option, with the message
-            :func:`~django_leasequeue.enqueue.build_job` would give.
+            :func:`~django_leasequeue.enqueueing.build_job` would give.
     """
     queue = options.get("queue")
     if queue is not None:

@@ -91,7 +91,7 @@ from .compat_tasks import (
 )
 from .conf import queue_name_problem, unknown_keys_hint
 from .context import JobContext
-from .enqueue import build_job, insert_job
+from .enqueueing import build_job, insert_job
 from .exceptions import ConfigurationError, JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
 from .retry import Backoff, BackoffLike
 

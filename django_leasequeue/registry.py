@@ -4,7 +4,7 @@ Only tasks registered here ever run: a worker looks a job's ``task`` name up in 
 dead-letters names it does not know. It never imports a dotted path taken from a job row.
 
 A :class:`TaskSpec` holds a handler and its options; it has no enqueue methods (enqueueing is
-:mod:`django_leasequeue.enqueue`, whose ``@task`` returns a :class:`TaskSpec` subclass that has them).
+:mod:`django_leasequeue.enqueueing`, whose ``@task`` returns a :class:`TaskSpec` subclass that has them).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _autodiscovered = False
 @dataclass(frozen=True)
 class TaskSpec(Generic[P, R]):
     """A registered handler plus its queue options; immutable. ``@task`` creates them (as the
-    subclass :class:`django_leasequeue.enqueue.Task`, which adds ``enqueue()``), the Django tasks
+    subclass :class:`django_leasequeue.enqueueing.Task`, which adds ``enqueue()``), the Django tasks
     backend builds one per framework task, and the worker looks them up with :func:`get_task`.
 
     Calling the object calls the handler in-process (no queue). ``using()`` returns a copy with
@@ -108,7 +108,7 @@ class TaskSpec(Generic[P, R]):
         Raises:
             TypeError: an unknown option.
             EnqueueError: a bad value (the same checks and messages as
-                :func:`~django_leasequeue.enqueue.enqueue`).
+                :func:`~django_leasequeue.enqueueing.enqueue`).
         """
         allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
         unknown = set(options) - allowed
@@ -124,7 +124,7 @@ class TaskSpec(Generic[P, R]):
 
 #: The name older code imports the spec class by: ``isinstance(x, registry.Task)`` holds for every
 #: task ``@task`` returns (a subclass). The class with ``enqueue()`` is
-#: :class:`django_leasequeue.enqueue.Task`, also importable as ``django_leasequeue.Task``.
+#: :class:`django_leasequeue.enqueueing.Task`, also importable as ``django_leasequeue.Task``.
 Task: TypeAlias = TaskSpec
 
 

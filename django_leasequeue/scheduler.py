@@ -43,7 +43,7 @@ from django.db import transaction
 
 from . import cron, registry, store
 from .conf import Settings, get_settings
-from .enqueue import build_job, insert_jobs
+from .enqueueing import build_job, insert_jobs
 from .exceptions import ConfigurationError, UnknownTask
 from .models import Job, Schedule
 from .runtime import Service

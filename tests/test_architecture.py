@@ -116,7 +116,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                "arguments"),
     "models": ("models",),
     "store": ("store", "store.*"),
-    "services": ("context", "enqueue", "schedules", "executor", "child", "worker", "worker.*", "completer",
+    "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "completer",
                  "reaper", "scheduler", "health", "notify"),
     "adapters": ("admin", "backends", "checks", "apps", "views", "urls", "metrics", "testing", "pytest_plugin",
                  "management", "management.*", ""),

@@ -1,6 +1,6 @@
-"""``django_leasequeue.enqueue`` is the function, whichever of the function and the submodule of the
-same name is imported first, and importing the package imports neither Django's database layer nor
-the models."""
+"""``django_leasequeue.enqueue`` is the function (the enqueue path lives in the submodule
+``enqueueing``, so no submodule shadows it), and importing the package imports neither Django's
+database layer nor the models."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 ORDERS = {
-    "submodule first": "import django_leasequeue.enqueue\nfrom django_leasequeue import enqueue\n",
-    "function first": "from django_leasequeue import enqueue\nimport django_leasequeue.enqueue\n",
-    "through a name": "from django_leasequeue.enqueue import build_job\nfrom django_leasequeue import enqueue\n",
+    "submodule first": "import django_leasequeue.enqueueing\nfrom django_leasequeue import enqueue\n",
+    "function first": "from django_leasequeue import enqueue\nimport django_leasequeue.enqueueing\n",
+    "through a name": "from django_leasequeue.enqueueing import build_job\nfrom django_leasequeue import enqueue\n",
 }
 
 
@@ -21,7 +21,7 @@ def test_enqueue_is_the_function_whatever_the_import_order(imports):
     code = imports + (
         "import sys, types, django_leasequeue\n"
         "assert callable(enqueue) and not isinstance(enqueue, types.ModuleType), enqueue\n"
-        "assert django_leasequeue.enqueue is enqueue is sys.modules['django_leasequeue.enqueue'].enqueue\n"
+        "assert django_leasequeue.enqueue is enqueue is sys.modules['django_leasequeue.enqueueing'].enqueue\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -33,7 +33,7 @@ from django_leasequeue import (
     task,
 )
 from django_leasequeue.conf import build, get_settings, parse_queue_list, queue_name_problem
-from django_leasequeue.enqueue import build_job
+from django_leasequeue.enqueueing import build_job
 from django_leasequeue.executor import describe_error
 from django_leasequeue.models import Job
 from django_leasequeue.retry import MAX_BACKOFF_SECONDS, Backoff

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from flowlab.tasks import rated_noop
 
 from django_leasequeue import enqueue_many, store
-from django_leasequeue.enqueue import build_job
+from django_leasequeue.enqueueing import build_job
 from django_leasequeue.models import Job
 
 pytestmark = pytest.mark.django_db

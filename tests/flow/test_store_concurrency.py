@@ -9,7 +9,7 @@ from django.db import connection, connections
 from flowlab.tasks import customer_job, rated_noop
 
 from django_leasequeue import store
-from django_leasequeue.enqueue import build_job, task
+from django_leasequeue.enqueueing import build_job, task
 from django_leasequeue.models import Job
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from flowlab.tasks import rated_noop
 
 from django_leasequeue import store
 from django_leasequeue.conf import RateLimit, build, parse_rate
-from django_leasequeue.enqueue import build_job
+from django_leasequeue.enqueueing import build_job
 from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.models import Job, QueueState
 

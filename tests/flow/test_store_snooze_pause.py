@@ -10,7 +10,7 @@ from flowlab.tasks import customer_job, rated_noop
 
 from django_leasequeue import store
 from django_leasequeue.conf import RateLimit
-from django_leasequeue.enqueue import build_job
+from django_leasequeue.enqueueing import build_job
 from django_leasequeue.models import Job, QueueState
 
 pytestmark = pytest.mark.django_db

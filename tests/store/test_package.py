@@ -76,3 +76,26 @@ def test_the_decoder_reads_columns_by_name_whatever_their_order():
         leased_until=datetime(2023, 11, 14, 22, 13, 50, tzinfo=UTC), lease_seconds=30.0,
         claimed_at=datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC), priority=5,
         created_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC), started_at=None, error_count=0)
+
+
+def _squash(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+@pytest.mark.parametrize("sql", [claim.JOB_CLAIM_ANY_QUEUE, flow.JOB_CLAIM_RATED, flow.JOB_CLAIM_ANY_QUEUE_RATED,
+                                 testing.JOB_CLAIM_IDS],
+                         ids=["any-queue", "rated", "any-queue-rated", "ids"])
+def test_the_claim_variants_spell_the_shared_rules_alike(sql):
+    """Each variant is written out in full; the rules they share must stay word for word the same as
+    in the plain claim: the task filter, the token room and concurrency admission, the lease SET and
+    the returned columns (the testing helpers' claim of chosen ids has no task filter)."""
+    plain = _squash(claim.JOB_CLAIM)
+    admission = re.search(r"AND j\.lease_version < \d+ AND \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)", plain)
+    lease_set = re.search(r"SET status = 'leased', .*? attempted_at = clock\.now", plain)
+    returning = re.search(r"RETURNING (j\.id, .*? AS run_at_us)", plain)
+    assert admission and lease_set and returning
+    assert admission.group(0) in _squash(sql)
+    assert lease_set.group(0) in _squash(sql)
+    assert returning.group(1) in _squash(sql)
+    tasks = "AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))"
+    assert tasks in plain and (tasks in sql) == (sql is not testing.JOB_CLAIM_IDS)

@@ -30,6 +30,7 @@ the scan keeps looking behind it.
 
 from __future__ import annotations
 
+import functools
 import uuid
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -240,14 +241,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def _column_names(description: Sequence[Any] | None) -> list[str]:
-    return [column.name for column in description or ()]
+def _column_names(description: Sequence[Any] | None) -> tuple[str, ...]:
+    return tuple(column.name for column in description or ())
 
 
-def _claim_decoder(names: Sequence[str]) -> Callable[[Sequence[Any]], ClaimedJob]:
+@functools.lru_cache(maxsize=16)
+def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
     """A function that builds a :class:`ClaimedJob` from one claim row, for a result set whose
     columns are ``names`` (the claim statements' RETURNING list; times as ``*_us`` epoch
-    microseconds). The positions are looked up here, once per result set, not once per row."""
+    microseconds). The positions are looked up here, once per column layout (cached), never per row."""
     at = {name: i for i, name in enumerate(names)}
     i_id, i_task, i_queue, i_args, i_kwargs = at["id"], at["task"], at["queue"], at["args"], at["kwargs"]
     i_attempts, i_max, i_version, i_until = at["attempts"], at["max_attempts"], at["lease_version"], \
@@ -324,7 +326,7 @@ RETURNING j.id
 """
 
 
-def _decode_claims(rows: list[Any], names: Sequence[str], alias: str, *, worker_id: str,
+def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worker_id: str,
                    now: datetime | None, throttled: Mapping[str, float] | None = None) -> ClaimResult:
     """Decode claimed rows (their columns named by ``names``, the claim's RETURNING list) one at a
     time into a :class:`ClaimResult`, in claim order.

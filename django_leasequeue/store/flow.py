@@ -283,7 +283,7 @@ FROM waits LEFT JOIN claimed c ON true
 
 
 def _claim_rated(params: dict[str, Any], queues: Sequence[str] | None, rated: Sequence[str],
-                rate_limits: Mapping[str, RateLimit], *, alias: str) -> tuple[list[Any], Sequence[Any] | None]:
+                 rate_limits: Mapping[str, RateLimit], *, alias: str) -> tuple[list[Any], Sequence[Any] | None]:
     """Run the rated claim for :func:`~django_leasequeue.store.job_claim`: lock the rate rows of
     ``rated`` (creating missing ones), then claim in the same short transaction.
 

@@ -65,9 +65,10 @@ def test_the_decoder_reads_columns_by_name_whatever_their_order():
               "max_attempts": 3, "lease_version": 4, "leased_until_us": 1_700_000_030_000_000, "lease_seconds": 30,
               "claimed_at_us": 1_700_000_000_000_000, "priority": 5, "created_at_us": 1_699_999_000_000_000,
               "started_at_us": None, "error_count": 0, "run_at_us": 1_699_999_000_000_000}
-    names = list(values)
-    shuffled = names[:]
-    random.Random(14).shuffle(shuffled)
+    names = tuple(values)
+    shuffled_list = list(names)
+    random.Random(14).shuffle(shuffled_list)
+    shuffled = tuple(shuffled_list)
     assert shuffled != names
     first = claim._claim_decoder(names)(tuple(values[n] for n in names))
     second = claim._claim_decoder(shuffled)(tuple(values[n] for n in shuffled))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -65,6 +66,7 @@ def main() -> None:
     from django_leasequeue import store
     from django_leasequeue.conf import RateLimit
     from django_leasequeue.enqueueing import build_job, task
+    from django_leasequeue.store import claim as claim_sql
 
     call_command("migrate", verbosity=0)
 
@@ -80,8 +82,9 @@ def main() -> None:
     def keyed1(i: int) -> None:
         """No-op with a single key."""
 
-    no_predicate_sql = store.JOB_CLAIM.replace(store._CONC_ADMIT, "")
-    assert no_predicate_sql != store.JOB_CLAIM
+    predicate = re.search(r"\n *AND \(j\.concurrency_key IS NULL.*?%\(claim\)s\)\)\)", claim_sql.JOB_CLAIM, re.S)
+    assert predicate is not None
+    no_predicate_sql = claim_sql.JOB_CLAIM.replace(predicate.group(0), "")
 
     def claim_with(rates):
         def claim(queue: str, limit: int) -> list[tuple]:
@@ -91,12 +94,12 @@ def main() -> None:
 
     def claim_without_predicate(queue: str, limit: int) -> list[tuple]:
         # The same Python path (store.job_claim), only the statement lacks the concurrency predicate.
-        plain_sql = store.JOB_CLAIM
-        store.JOB_CLAIM = no_predicate_sql
+        plain_sql = claim_sql.JOB_CLAIM
+        claim_sql.JOB_CLAIM = no_predicate_sql
         try:
             return claim_with({})(queue, limit)
         finally:
-            store.JOB_CLAIM = plain_sql
+            claim_sql.JOB_CLAIM = plain_sql
 
     # (label, queue, task, claim function). Each scenario has its own queue in the same table.
     scenarios = [

@@ -25,10 +25,10 @@ dead rows and the finished-in-window ranges. Its cost grows with the backlog (re
 rows) and the jobs finished in the long window, never with the millions of retained ``done`` rows
 (``bench/health_bench.py`` prints the plans and timings on a 1,000,000-row table).
 
-Everything here only reads: the statements are plain ``SELECT`` (no locks, no writes), so unlike
-:mod:`store`, which owns every statement that locks or changes a job, this module may issue SQL
-itself. All times come from the database clock (``leasequeue_now()``) unless an explicit aware
-``now`` is passed (tests).
+The statements themselves (plain ``SELECT``: no locks, no writes) are in
+:mod:`django_leasequeue.store.read`, like every other statement of the package; this module turns
+their rows into figures and verdicts. All times come from the database clock (``leasequeue_now()``)
+unless an explicit aware ``now`` is passed (tests).
 """
 
 from __future__ import annotations
@@ -36,108 +36,20 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import IntEnum
 from typing import Any
 
-from django.db import connections, transaction
-
+from . import store
 from .conf import Settings, get_settings
-from .models import Job, QueueState, WorkerProcess
-
-JOB_TABLE = Job._meta.db_table
-QUEUE_TABLE = QueueState._meta.db_table
-PROCESS_TABLE = WorkerProcess._meta.db_table
-
-# Queue figures in one statement, so every count is from the same snapshot and the same clock
-# reading. Each CTE's WHERE names exactly one status (or the finished ones), so PostgreSQL can
-# answer it from the matching partial index instead of the whole table:
-#   ready  -> leasequeue_job_ready (queue, priority, run_at, id) WHERE status = 'ready'
-#   leased -> leasequeue_job_leased WHERE status = 'leased' (few rows: running jobs)
-#   dead, recent -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
-# Windows are (now - w, now]: the upper bound matters when a caller passes an explicit now.
-QUEUE_STATS = f"""
-WITH clock AS MATERIALIZED (SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now),
-ready AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.run_at <= c.now) AS ready_due,
-           count(*) FILTER (WHERE j.run_at > c.now) AS scheduled,
-           min(j.run_at) FILTER (WHERE j.run_at <= c.now) AS oldest_due
-    FROM {JOB_TABLE} j, clock c
-    WHERE j.status = 'ready' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-    GROUP BY j.queue
-),
-leased AS (
-    SELECT j.queue, count(*) AS leased, count(*) FILTER (WHERE j.leased_until < c.now) AS expired
-    FROM {JOB_TABLE} j, clock c
-    WHERE j.status = 'leased' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-    GROUP BY j.queue
-),
-dead AS (
-    SELECT j.queue, count(*) AS dead
-    FROM {JOB_TABLE} j
-    WHERE j.status = 'dead' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-    GROUP BY j.queue
-),
-recent AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(short)s))
-               AS done_short,
-           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(short)s))
-               AS dead_short,
-           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(long)s))
-               AS done_long,
-           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(long)s))
-               AS dead_long
-    FROM {JOB_TABLE} j, clock c
-    WHERE j.status IN ('done', 'dead')
-      AND j.finished_at > c.now - make_interval(secs => %(widest)s) AND j.finished_at <= c.now
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-    GROUP BY j.queue
-),
-names AS (
-    SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead
-    UNION SELECT queue FROM recent
-    UNION SELECT name FROM {QUEUE_TABLE} WHERE %(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[])
-    UNION SELECT unnest(%(always)s::text[])
-)
-SELECT c.now, n.queue,
-       coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
-       coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
-       coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
-       coalesce(q.paused, false), coalesce(l.expired, 0)
-FROM clock c
-LEFT JOIN names n ON true
-LEFT JOIN ready r ON r.queue = n.queue
-LEFT JOIN leased l ON l.queue = n.queue
-LEFT JOIN dead d ON d.queue = n.queue
-LEFT JOIN recent x ON x.queue = n.queue
-LEFT JOIN {QUEUE_TABLE} q ON q.name = n.queue
-ORDER BY n.queue
-"""
-
-# The process registry is small (stale rows are pruned); "alive" is judged in Python against the
-# clock reading of QUEUE_STATS so both statements agree on "now".
-# Stuck handlers come from the job rows, not from the worker's memory (monitoring runs in another
-# process): a leased job whose history has a ``timed_out`` entry for its current fencing token is
-# a handler past its task's timeout that is still running (thread mode cannot stop it). Only the
-# few leased rows are read (leasequeue_job_leased).
-PROCESSES = f"""
-SELECT p.id, p.kind, p.host, p.pid, p.queues, p.concurrency, p.started_at, p.last_heartbeat_at, p.last_tick_at,
-       coalesce(s.stuck, 0), s.since
-FROM {PROCESS_TABLE} p
-LEFT JOIN LATERAL (
-    SELECT count(*) AS stuck, min((e->>'at')::timestamptz) AS since
-    FROM {JOB_TABLE} j, jsonb_array_elements(j.history) e
-    WHERE j.status = 'leased' AND j.leased_by = p.id
-      AND e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text
-) s ON true
-ORDER BY p.kind, p.id
-"""
+from .models import QueueState
+from .store import read
+from .store.read import LEASE_REPORT as LEASE_REPORT  # noqa: F401 - the statements, for benchmarks and plan tests
+from .store.read import PROCESSES as PROCESSES  # noqa: F401
+from .store.read import QUEUE_STATS as QUEUE_STATS  # noqa: F401
+from .store.read import read_cursor as _read_cursor  # noqa: F401
 
 # Number of statements snapshot() runs that read tables (reported by the bench).
 SNAPSHOT_QUERIES = 2
@@ -335,34 +247,7 @@ class Snapshot:
 
 
 def _alias() -> str:
-    from . import store
-
     return store.db_alias()
-
-
-@contextmanager
-def _read_cursor(alias: str) -> Iterator[Any]:
-    """A cursor in a read-only transaction with JIT compilation off.
-
-    JIT is off because these statements run often and briefly: on large tables the planner's
-    estimates cross ``jit_above_cost`` and compiling costs more than running (seconds against a
-    tenth of one for the lease report on 1,000,000 rows). Outside a caller's transaction the
-    statements also share one REPEATABLE READ snapshot, so the figures agree with each other.
-    Inside a caller's transaction (a savepoint) the previous JIT setting is restored afterwards.
-    """
-    conn = connections[alias]
-    nested = conn.in_atomic_block
-    with transaction.atomic(using=alias), conn.cursor() as cur:
-        if nested:
-            cur.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
-            previous = cur.fetchone()[0]
-            yield cur
-            cur.execute("SELECT set_config('jit', %s, true)", [previous])
-        else:
-            # Two statements, not one string: with server-side binding psycopg cannot run both.
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            cur.execute("SET LOCAL jit = off")
-            yield cur
 
 
 def snapshot(now: datetime | None = None, *, window_short: float = 300, window_long: float = 3600,
@@ -401,13 +286,7 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
         always = list(settings.queues) if settings.queues is not None else [settings.default_queue]
     params = {"now": now, "queues": queue_filter, "always": always, "short": float(window_short),
               "long": float(window_long), "widest": float(max(window_short, window_long))}
-    with _read_cursor(alias or _alias()) as cur:
-        started = time.perf_counter()
-        cur.execute(QUEUE_STATS, params)
-        rows = cur.fetchall()
-        cur.execute(PROCESSES)
-        process_rows = cur.fetchall()
-    elapsed = time.perf_counter() - started
+    rows, process_rows, elapsed = read.snapshot_rows(params, alias=alias or _alias())
     db_now = rows[0][0]
     workers = []
     for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
@@ -738,49 +617,6 @@ def overall(results: Iterable[CheckResult]) -> Level:
 # Lease advice
 # ---------------------------------------------------------------------------------------------
 
-# Per task over a window: runtime percentiles of done jobs (finished_at - attempted_at: the
-# successful attempt only, from its claim to its completion, by database time), outcomes, lease
-# losses (the reaper's LeaseExpired error entries) and fence rejections (the lease_lost notes a
-# still-running worker leaves in the job's history, see store.job_note_lease_lost). The rows are
-# the jobs finished in the window (leasequeue_job_finished) plus the leased ones
-# (leasequeue_job_leased); jobs waiting for a retry are counted once they finish.
-_LEASE_ROW = f"""
-    SELECT j.task, j.status,
-           CASE WHEN j.status = 'done' AND j.attempted_at IS NOT NULL
-                THEN extract(epoch FROM j.finished_at - j.attempted_at)::float8 END AS secs,
-           CASE WHEN j.errors = '[]'::jsonb THEN 0 ELSE (
-               SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
-               WHERE e->>'type' = 'LeaseExpired' AND (e->>'at')::timestamptz > c.since) END AS expired,
-           CASE WHEN j.history = '[]'::jsonb THEN 0 ELSE (
-               SELECT count(*) FROM jsonb_array_elements(j.history) AS h
-               WHERE h->>'event' = 'lease_lost' AND (h->>'at')::timestamptz > c.since) END AS rejected,
-           CASE WHEN j.history = '[]'::jsonb THEN 0 ELSE (
-               SELECT count(*) FROM jsonb_array_elements(j.history) AS h
-               WHERE h->>'event' = 'lease_lost' AND (h->>'at')::timestamptz > c.since
-                 AND NOT coalesce((h->>'timed_out')::boolean, false)) END AS healthy
-    FROM {JOB_TABLE} j, clock c
-"""
-LEASE_REPORT = f"""
-WITH clock AS MATERIALIZED (
-    SELECT now, now - make_interval(secs => %(window)s) AS since
-    FROM (SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now) AS t
-),
-recent AS (
-    {_LEASE_ROW}
-    WHERE j.status IN ('done', 'dead') AND j.finished_at > c.since AND j.finished_at <= c.now
-      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
-    UNION ALL
-    {_LEASE_ROW}
-    WHERE j.status = 'leased' AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
-)
-SELECT task, count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'dead'),
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY secs), max(secs),
-       sum(expired)::bigint, sum(rejected)::bigint, sum(healthy)::bigint
-FROM recent
-GROUP BY task
-ORDER BY task
-"""
-
 FLAG_P99_OVER_TIMEOUT = "p99>timeout"
 FLAG_LOST_WHILE_HEALTHY = "lost-lease-while-healthy"
 FLAG_UNREGISTERED = "unregistered"
@@ -908,9 +744,7 @@ def lease_report(now: datetime | None = None, *, window: float = 86400, tasks: S
     settings = settings or get_settings()
     registry.autodiscover()
     params = {"now": now, "window": float(window), "tasks": list(tasks) if tasks is not None else None}
-    with _read_cursor(alias or _alias()) as cur:
-        cur.execute(LEASE_REPORT, params)
-        rows = cur.fetchall()
+    rows = read.lease_report_rows(params, alias=alias or _alias())
     report = []
     for task_name, done, dead, pcts, max_secs, expired, rejected, healthy in rows:
         try:

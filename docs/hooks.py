@@ -2,8 +2,9 @@
 
 A line that holds only a directive is replaced by a fenced ``sql`` block:
 
-* ``[[sql store.JOB_CLAIM]]``: a statement constant of :mod:`django_leasequeue.store`, exactly as
-  the module builds it (table names and shared fragments filled in, parameters as ``%(name)s``).
+* ``[[sql store.claim.JOB_CLAIM]]``: a statement constant of a module of the
+  :mod:`django_leasequeue.store` package, exactly as the module builds it (table names filled in,
+  parameters as ``%(name)s``). The module is named so that a reader knows where the statement lives.
 * ``[[sql migrations.0002_flow_control.CONC_COUNT_INDEX]]``: a SQL constant of a migration.
 * ``[[ddl Job]]``: the ``CREATE INDEX`` and constraint DDL Django generates for a model's
   ``Meta.indexes`` and ``Meta.constraints`` (rendered without a database connection).
@@ -44,16 +45,19 @@ def _setup() -> None:
 
 def _sql(name: str) -> str:
     module_name, _, attr = name.rpartition(".")
-    if module_name == "store":
-        module = importlib.import_module("django_leasequeue.store")
-    elif module_name.startswith("migrations."):
+    if module_name.count(".") != 1 or not module_name.startswith(("store.", "migrations.")):
+        raise PluginError(f"[[sql {name}]]: expected store.<module>.NAME or migrations.<migration>.NAME")
+    try:
         module = importlib.import_module(f"django_leasequeue.{module_name}")
-    else:
-        raise PluginError(f"[[sql {name}]]: expected store.NAME or migrations.<migration>.NAME")
-    value = getattr(module, attr, None)
+    except ImportError as exc:
+        raise PluginError(f"[[sql {name}]]: no module django_leasequeue.{module_name}") from exc
+    if attr not in vars(module):  # defined there, not imported: the block names its real home
+        raise PluginError(f"[[sql {name}]]: {module.__name__} defines no SQL constant {attr!r}")
+    value = vars(module)[attr]
     if not isinstance(value, str):
-        raise PluginError(f"[[sql {name}]]: {module.__name__} has no SQL constant {attr!r}")
-    return value.strip("\n")
+        raise PluginError(f"[[sql {name}]]: {module.__name__}.{attr} is not SQL text")
+    path = module.__name__.replace(".", "/")
+    return f"-- {path}.py: {attr}\n" + value.strip("\n")
 
 
 def _ddl(model_name: str) -> str:

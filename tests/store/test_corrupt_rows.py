@@ -62,9 +62,13 @@ def test_a_corrupt_row_is_dead_lettered_on_its_new_token_only():
 
     job = record.enqueue("corrupt")
     _poison(job.pk, f"args = '[{BIG_INT}]', status = 'leased', lease_version = 7")  # claimed again since
-    # A claim result for the same row with the older token 1 (columns of _CLAIM_RETURNING).
-    stale = (job.pk, "qa.record", "default", f"[{BIG_INT}]", "{}", 1, 3, 1, 0, 30.0, 0, 0, 0, None, 0, 0)
-    assert store._decode_claims([stale], store.db_alias(), worker_id="w", now=None) == []
+    # A claim result for the same row with the older token 1 (the columns the claim statements return).
+    stale = {"id": job.pk, "task": "qa.record", "queue": "default", "args": f"[{BIG_INT}]", "kwargs": "{}",
+             "attempts": 1, "max_attempts": 3, "lease_version": 1, "leased_until_us": 0, "lease_seconds": 30.0,
+             "claimed_at_us": 0, "priority": 0, "created_at_us": 0, "started_at_us": None, "error_count": 0,
+             "run_at_us": 0}
+    decoded = store._decode_claims([tuple(stale.values())], tuple(stale), store.db_alias(), worker_id="w", now=None)
+    assert decoded == []
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.lease_version, row.errors) == ("leased", 7, [])  # the fence refused it
 

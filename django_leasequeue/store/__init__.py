@@ -1,0 +1,230 @@
+"""The store: the only code that claims, leases or changes the state of jobs.
+
+Every statement that locks a job row or moves it between states is a named module-level constant
+in one of the modules below, with a comment saying why it is shaped the way it is; no ad-hoc SQL
+lives outside this package (a test in ``tests/test_architecture.py`` enforces it). Everything is
+re-exported here, so callers write ``from django_leasequeue import store; store.job_claim(...)``.
+
+Where to look, and where a new statement goes:
+
+==================  ===========================================================================
+``_db``             the clock (``CLOCK``, :func:`db_now`), table names, the alias, ``TOKEN_MAX``,
+                    the one helper that runs a statement, JSON and job-row decoding
+``enqueue``         job inserts (``JOB_INSERT``, ``JOB_INSERT_ONE``, ``JOB_INSERT_MANY``),
+                    :class:`NewJob`, the lookup by unique key
+``claim``           the claim (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``, :func:`job_claim`), the
+                    per-key concurrency admission, :class:`ClaimedJob`, corrupt-row handling
+``flow``            the claims of rate-limited queues (``RATE_LOCK``, ``JOB_CLAIM_RATED``,
+                    ``JOB_CLAIM_ANY_QUEUE_RATED``), pause and resume, flow-control figures
+``lease``           a lease holder's fenced writes: renew, complete, fail, snooze, cancel, release,
+                    the ``fenced_atomic()`` lock, timed-out and lease-lost notes, late results
+``maintenance``     the reaper's sweep, pruning, process rows, dead-lettering unknown tasks
+``operator``        the admin's bulk operations: request cancel, replay, retry now
+``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
+``read``            monitoring's read-only queries (health snapshot, lease report, one job)
+``testing``         statements only the testing helpers use (claim ids, expire a lease, make
+                    due, the session clock offset)
+==================  ===========================================================================
+
+Rules every statement follows:
+
+* **Database time only.** Each statement reads the clock once, as ``coalesce(<now>,
+  leasequeue_now())``: callers may pass an explicit aware ``now`` (tests), otherwise the database's
+  statement clock is used. ``leasequeue_now()`` is ``clock_timestamp()`` plus an optional
+  per-session offset (``SET leasequeue.clock_offset = '1 hour'``), never ``now()``, which is frozen
+  for a whole transaction.
+* **Fenced writes.** After a claim, every write by a worker (renew, complete, fail, snooze,
+  release) is ``... WHERE id = ? AND lease_version = ? AND status = 'leased'``; a row that does not
+  come back means the lease was lost, and the caller discards its outcome.
+* **Claims are one statement**: a ``MATERIALIZED`` CTE picks due ready rows with ``FOR UPDATE SKIP
+  LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
+  ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
+  subquery into a nested loop that updates more rows than asked for (Oban #652).
+* **Flow control is part of the claim** (docs/howto/flow-control.md): every eligibility rule (due,
+  ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
+  inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
+  then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
+
+A new statement goes into the module of its purpose, as a named constant with its why-comment
+above it, next to the function that runs it through ``_db._run``; then add the function (and the
+constant, if the docs quote it) to the imports below.
+"""
+
+from __future__ import annotations
+
+from ._db import (
+    CLOCK,
+    JOB_TABLE,
+    PROCESS_TABLE,
+    QUEUE_TABLE,
+    SCHEDULE_TABLE,
+    SWEEP_TABLE,
+    TOKEN_MAX,
+    db_alias,
+    db_now,
+    logger,
+)
+from .claim import (
+    JOB_CLAIM,
+    JOB_CLAIM_ANY_QUEUE,
+    JOB_DEAD_CORRUPT,
+    ClaimedJob,
+    ClaimResult,
+    _decode_claims,
+    job_claim,
+)
+from .enqueue import (
+    JOB_INSERT,
+    JOB_INSERT_MANY,
+    JOB_INSERT_ONE,
+    NewJob,
+    job_get_by_unique_key,
+    job_insert,
+    job_insert_many,
+    job_insert_one,
+)
+from .flow import (
+    FLOW_KEYS_WAITING,
+    JOB_CLAIM_ANY_QUEUE_RATED,
+    JOB_CLAIM_RATED,
+    QUEUE_LIST,
+    QUEUE_PAUSE,
+    QUEUE_RESUME,
+    RATE_LOCK,
+    RATE_LOG_BUCKETS,
+    RATE_ROWS_CREATE,
+    FlowMetrics,
+    KeyWait,
+    QueueInfo,
+    flow_keys_waiting,
+    flow_metrics,
+    flow_waiting_on_key,
+    queue_list,
+    queue_pause,
+    queue_paused_names,
+    queue_resume,
+    queue_throttled_totals,
+)
+from .lease import (
+    JOB_CANCEL_LEASED,
+    JOB_COMPLETE,
+    JOB_FAIL,
+    JOB_LOCK_FENCED,
+    JOB_NOTE_LEASE_LOST,
+    JOB_NOTE_RESULT_DROPPED,
+    JOB_NOTE_TIMED_OUT,
+    JOB_RELEASE,
+    JOB_RENEW,
+    JOB_SET_RESULT,
+    JOB_SNOOZE,
+    Completed,
+    Released,
+    Renewal,
+    job_cancel_leased,
+    job_complete,
+    job_fail,
+    job_lock_fenced,
+    job_lock_for_commit,
+    job_note_lease_lost,
+    job_note_result_dropped,
+    job_note_timed_out,
+    job_release,
+    job_renew,
+    job_set_result,
+    job_snooze,
+)
+from .maintenance import (
+    JOB_DEAD_LETTER_UNKNOWN,
+    JOB_PRUNE,
+    JOB_REAP,
+    PROCESS_HEARTBEAT,
+    PROCESS_PRUNE,
+    PROCESS_UPSERT,
+    DeadLettered,
+    Reaped,
+    job_dead_letter_unknown_tasks,
+    job_prune,
+    job_reap_expired,
+    process_deregister,
+    process_heartbeat,
+    process_prune,
+    process_register,
+)
+from .operator import (
+    JOB_REPLAY,
+    JOB_REQUEST_CANCEL,
+    JOB_RETRY_NOW,
+    CancelCounts,
+    ReplayResult,
+    job_replay,
+    job_request_cancel,
+    job_retry_now,
+)
+from .read import (
+    JOB_GET,
+    LEASE_REPORT,
+    PROCESSES,
+    QUEUE_STATS,
+    job_get,
+    lease_report_rows,
+    read_cursor,
+    snapshot_rows,
+)
+from .schedule import (
+    SCHEDULE_ADVANCE,
+    SCHEDULE_DISABLE_UNDECLARED,
+    SCHEDULE_LOCK_DUE,
+    SCHEDULE_LOCK_FOR_SAVE,
+    SCHEDULE_NEXT_DUE,
+    SCHEDULE_SOURCES,
+    SCHEDULE_UPSERT_SETTINGS,
+    ScheduleAdvance,
+    ScheduleDefinition,
+    ScheduleRow,
+    ScheduleSync,
+    schedule_advance,
+    schedule_lock_due,
+    schedule_lock_for_save,
+    schedule_next_due,
+    schedule_sync_settings,
+)
+from .testing import (
+    CLOCK_OFFSET_GET,
+    CLOCK_OFFSET_SET,
+    CLOCK_RAW_NOW,
+    JOB_CLAIM_IDS,
+    JOB_EXPIRE_LEASE,
+    JOB_MAKE_DUE,
+    clock_offset_get,
+    clock_offset_set,
+    clock_real_now,
+    job_claim_ids,
+    job_expire_lease,
+    job_make_due,
+)
+
+__all__ = [
+    "CLOCK", "CLOCK_OFFSET_GET", "CLOCK_OFFSET_SET", "CLOCK_RAW_NOW", "CancelCounts", "ClaimResult",
+    "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JOB_CANCEL_LEASED",
+    "JOB_CLAIM", "JOB_CLAIM_ANY_QUEUE", "JOB_CLAIM_ANY_QUEUE_RATED", "JOB_CLAIM_IDS", "JOB_CLAIM_RATED",
+    "JOB_COMPLETE", "JOB_DEAD_CORRUPT", "JOB_DEAD_LETTER_UNKNOWN", "JOB_EXPIRE_LEASE", "JOB_FAIL", "JOB_GET",
+    "JOB_INSERT", "JOB_INSERT_MANY", "JOB_INSERT_ONE", "JOB_LOCK_FENCED", "JOB_MAKE_DUE", "JOB_NOTE_LEASE_LOST",
+    "JOB_NOTE_RESULT_DROPPED", "JOB_NOTE_TIMED_OUT", "JOB_PRUNE", "JOB_REAP", "JOB_RELEASE", "JOB_RENEW",
+    "JOB_REPLAY", "JOB_REQUEST_CANCEL", "JOB_RETRY_NOW", "JOB_SET_RESULT", "JOB_SNOOZE", "JOB_TABLE", "KeyWait",
+    "LEASE_REPORT", "NewJob", "PROCESSES", "PROCESS_HEARTBEAT", "PROCESS_PRUNE", "PROCESS_TABLE",
+    "PROCESS_UPSERT", "QUEUE_LIST", "QUEUE_PAUSE", "QUEUE_RESUME", "QUEUE_STATS", "QUEUE_TABLE", "QueueInfo",
+    "RATE_LOCK", "RATE_LOG_BUCKETS", "RATE_ROWS_CREATE", "Reaped", "Released", "Renewal", "ReplayResult",
+    "SCHEDULE_ADVANCE", "SCHEDULE_DISABLE_UNDECLARED", "SCHEDULE_LOCK_DUE", "SCHEDULE_LOCK_FOR_SAVE",
+    "SCHEDULE_NEXT_DUE", "SCHEDULE_SOURCES", "SCHEDULE_TABLE", "SCHEDULE_UPSERT_SETTINGS", "SWEEP_TABLE",
+    "ScheduleAdvance", "ScheduleDefinition", "ScheduleRow", "ScheduleSync", "TOKEN_MAX", "_decode_claims",
+    "clock_offset_get", "clock_offset_set", "clock_real_now", "db_alias", "db_now", "flow_keys_waiting",
+    "flow_metrics", "flow_waiting_on_key", "job_cancel_leased", "job_claim", "job_claim_ids", "job_complete",
+    "job_dead_letter_unknown_tasks", "job_expire_lease", "job_fail", "job_get", "job_get_by_unique_key",
+    "job_insert", "job_insert_many", "job_insert_one", "job_lock_fenced", "job_lock_for_commit", "job_make_due",
+    "job_note_lease_lost", "job_note_result_dropped", "job_note_timed_out", "job_prune", "job_reap_expired",
+    "job_release", "job_renew", "job_replay", "job_request_cancel", "job_retry_now", "job_set_result",
+    "job_snooze", "lease_report_rows", "logger", "process_deregister", "process_heartbeat", "process_prune",
+    "process_register", "queue_list", "queue_pause", "queue_paused_names", "queue_resume",
+    "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
+    "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
+]

@@ -1,0 +1,125 @@
+"""What every statement module of the store shares: the clock, the table names, the database alias,
+the one way to run a statement, JSON encoding and decoding, and the decoding of whole job rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, cast
+
+from django.db import ProgrammingError, connections, router
+from django.db.backends.utils import CursorWrapper
+from psycopg import errors
+
+from ..exceptions import NotMigrated
+from ..models import Job, QueueState, ReaperSweep, Schedule, WorkerProcess
+
+logger = logging.getLogger("django_leasequeue.store")
+
+JOB_TABLE = Job._meta.db_table
+PROCESS_TABLE = WorkerProcess._meta.db_table
+SWEEP_TABLE = ReaperSweep._meta.db_table
+QUEUE_TABLE = QueueState._meta.db_table
+SCHEDULE_TABLE = Schedule._meta.db_table
+
+# The statement clock, optionally overridden by the caller (tests pass an aware datetime).
+CLOCK = "SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now"
+
+# The largest fencing token (migration 0004's leasequeue_job_lease_version_range). Every claim,
+# reap, release and replay adds 1, so a row written by hand with a token at (or next to) the bound
+# would make that statement refused by the constraint, for every row it writes: the claim of every
+# worker, every reaper sweep, a whole release. A claim therefore takes only rows whose token can
+# still take the claim and a reap or release (the others stay as they are, for an operator to read),
+# and the reaper and the release never go past the bound: such a row is dead-lettered instead.
+TOKEN_MAX = 4611686018427387904
+
+_JOB_COLUMNS = [cast(str, f.column) for f in Job._meta.concrete_fields]
+_JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+# Every column of the job table, in model order (the order :func:`_jobs_from_rows` reads).
+_JOB_COLUMN_LIST = ", ".join(_JOB_COLUMNS)
+
+
+def db_alias() -> str:
+    """Return the database alias that holds the job table (through the database routers)."""
+    return router.db_for_write(Job)
+
+
+def _cursor(alias: str | None = None) -> CursorWrapper:
+    return connections[alias or db_alias()].cursor()
+
+
+class _Result:
+    """What :func:`_run` read: every row, the row count and the cursor's column description."""
+
+    __slots__ = ("description", "rowcount", "rows")
+
+    def __init__(self, rows: list[Any], rowcount: int, description: Sequence[Any] | None) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+        self.description = description
+
+    def one(self) -> Any:
+        """The first row, or None when the statement returned none."""
+        return self.rows[0] if self.rows else None
+
+
+def _run(sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None, *, alias: str | None = None) -> _Result:
+    """Open a cursor on ``alias`` (default :func:`db_alias`), execute ``sql`` with ``params`` and
+    fetch every row it returns (none for a statement without a result set)."""
+    with _cursor(alias) as cur:
+        cur.execute(sql, params)
+        rows = cur.fetchall() if cur.description is not None else []
+        return _Result(rows, cur.rowcount, cur.description)
+
+
+@contextmanager
+def _schema_required(alias: str | None) -> Iterator[None]:
+    """Turn "relation leasequeue_job / function leasequeue_now() does not exist" into
+    :class:`NotMigrated`, which says to run ``migrate`` (the usual first mistake of a new project:
+    enqueueing before migrating). Other errors pass unchanged."""
+    try:
+        yield
+    except ProgrammingError as exc:
+        if isinstance(exc.__cause__, (errors.UndefinedTable, errors.UndefinedFunction)) and "leasequeue" in str(exc):
+            first_line = str(exc).strip().splitlines()[0]
+            raise NotMigrated(f"django-leasequeue's tables are missing in database {alias or db_alias()!r} "
+                              f"({first_line}): run `manage.py migrate`") from exc
+        raise
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _load(value: Any) -> Any:
+    # Django loads jsonb as text; most jobs have no positional or no keyword arguments.
+    if value == "[]":
+        return []
+    if value == "{}":
+        return {}
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def db_now(alias: str | None = None) -> datetime:
+    """Return the database statement clock (``leasequeue_now()``) as an aware datetime."""
+    now: datetime = _run("SELECT leasequeue_now()", alias=alias).rows[0][0]
+    return now
+
+
+def _jobs_from_rows(rows: Sequence[Sequence[Any]], alias: str) -> list[Job]:
+    """Build Job instances from raw rows in ``_JOB_COLUMNS`` order, through the fields' own
+    ``from_db_value`` converters (a raw cursor returns JSON columns as text, as Django's
+    PostgreSQL backend leaves jsonb decoding to JSONField)."""
+    fields = Job._meta.concrete_fields
+    connection = connections[alias]
+    converters = [(i, f.from_db_value) for i, f in enumerate(fields) if hasattr(f, "from_db_value")]
+    jobs = []
+    for row in rows:
+        values = list(row[: len(_JOB_ATTNAMES)])
+        for i, convert in converters:
+            values[i] = convert(values[i], None, connection)
+        jobs.append(Job.from_db(alias, _JOB_ATTNAMES, values))
+    return jobs

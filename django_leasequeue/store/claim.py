@@ -1,0 +1,370 @@
+"""The claim: lease due ready jobs to a worker, and decode the leased rows into :class:`ClaimedJob`.
+
+Every variant is one statement: a ``MATERIALIZED`` CTE picks the candidates with ``FOR UPDATE SKIP
+LOCKED`` and ``LIMIT``, the outer UPDATE leases them. The plain claims (named queues, every queue)
+are here; the claims of rate-limited queues are in :mod:`.flow`, and :func:`job_claim` picks the
+statement. Every eligibility rule sits in the locked candidate scan, in this order:
+
+* due and ``ready``, queue not paused;
+* a fencing token with room for this claim and a later reap or release (``TOKEN_MAX``);
+* the worker's registered tasks (``%(tasks)s``; NULL: every task). Rolling deploys: a worker never
+  leases (and spends an attempt on) a job it could only dead-letter, while a newer worker that knows
+  the task runs it. With client-side binding the list is a constant of the statement, so for NULL
+  the planner folds the test away, and a list of 9 or more names is hashed;
+* the per-key concurrency admission (docs/howto/flow-control.md), last: a row of another task must not
+  take a key's slot. A candidate with a concurrency key is admitted only if fewer than its
+  concurrency_limit jobs of that key are leased, counting the ones this statement already admitted.
+  ``leasequeue_conc_admit()`` is plpgsql defined by migration 0002: it serialises the claimers of
+  one key with a transaction-scoped advisory lock and counts on a fresh snapshot, which a plain SQL
+  predicate cannot do (it sees only the statement's snapshot), so two workers claiming at the same
+  instant cannot both take the last slot. Keyless jobs stop at the IS NULL test: no function call.
+  ``%(claim)s`` is a fresh id per claim call, so admissions from an earlier claim in the same
+  transaction are not counted twice. Keys the function found full or busy during this claim are
+  listed in the setting ``leasequeue.conc_closed`` (prefixed by the claim id), and their rows are
+  rejected by the inline ``strpos()`` before any function call: the look-ahead past a full key's
+  backlog costs about as much as reading the rows, not a plpgsql call per row.
+
+An over-limit or unknown-task row is never locked and never counts against the batch (Oban #1498):
+the scan keeps looking behind it.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+import zoneinfo
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from . import flow
+from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _load, _run, db_alias, logger
+
+if TYPE_CHECKING:
+    from ..conf import RateLimit
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job leased by a worker. ``lease_version`` is the fencing token for every later write."""
+
+    id: int
+    task: str
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    lease_version: int
+    leased_until: datetime
+    lease_seconds: float
+    claimed_at: datetime
+    priority: int = 0
+    # For the Django tasks backend, which reports them at the start of each attempt: enqueue time,
+    # first claim time, and the number of failed attempts recorded so far.
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    error_count: int = 0
+
+
+# Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
+# so each walks the partial index leasequeue_job_ready (queue, priority DESC, run_at, id) in order
+# and stops after LIMIT rows; the outer ORDER BY/LIMIT merges the queues. A queue's surplus rows are
+# locked only until this statement commits. Paused queues are filtered out before any row is read:
+# the queue list is its own MATERIALIZED CTE, because as a plain subquery the planner may apply the
+# paused anti-join above the LATERAL, after rows of a paused queue were already locked.
+# Times come back as integer microseconds since the epoch (the ``*_us`` columns; exact: extract()
+# is numeric since PostgreSQL 14): C-level int loads instead of Django's Python-level timestamptz
+# loader (one Python call per value, the largest single cost of a claim in a profile).
+JOB_CLAIM = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+q AS MATERIALIZED (
+    SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+    WHERE NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = u.name AND p.paused)
+),
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM clock, q
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {JOB_TABLE} j
+        WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
+          AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+          AND j.lease_version < {TOKEN_MAX - 1}
+          AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.conc_closed', true),
+                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
+                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+)
+UPDATE {JOB_TABLE} j
+SET status = 'leased',
+    attempts = j.attempts + 1,
+    lease_version = j.lease_version + 1,
+    leased_until = clock.now + make_interval(secs => coalesce(j.lease_seconds, %(lease)s)),
+    leased_by = %(worker)s,
+    started_at = coalesce(j.started_at, clock.now),
+    attempted_at = clock.now
+FROM picked, clock
+WHERE j.id = picked.id
+RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
+          (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until_us,
+          coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
+          (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us, j.priority,
+          (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
+          (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
+          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+"""
+
+# The same claim over every queue (``runworker --queues '*'``). Without a queue to lead the index,
+# PostgreSQL sorts the due ready rows; prefer naming queues on large backlogs.
+JOB_CLAIM_ANY_QUEUE = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM {JOB_TABLE} j, clock
+    WHERE j.status = 'ready' AND j.run_at <= clock.now
+      AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
+      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+      AND j.lease_version < {TOKEN_MAX - 1}
+      AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+           OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
+                    AND strpos(current_setting('leasequeue.conc_closed', true),
+                               ';' || hashtext(j.concurrency_key)::text || ';') > 0)
+               AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET status = 'leased',
+    attempts = j.attempts + 1,
+    lease_version = j.lease_version + 1,
+    leased_until = clock.now + make_interval(secs => coalesce(j.lease_seconds, %(lease)s)),
+    leased_by = %(worker)s,
+    started_at = coalesce(j.started_at, clock.now),
+    attempted_at = clock.now
+FROM picked, clock
+WHERE j.id = picked.id
+RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
+          (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until_us,
+          coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
+          (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us, j.priority,
+          (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
+          (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
+          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+"""
+
+
+class ClaimResult(list[ClaimedJob]):
+    """The jobs leased by :func:`job_claim` (a list of :class:`ClaimedJob`), plus throttling news.
+
+    Attributes:
+        throttled (dict[str, float]): rate-limited queues whose allowance this claim used up, with
+            the seconds until one more claim is allowed (the oldest logged claim leaves the window).
+        corrupt (list[tuple[int, str, str]]): ``(job id, task, reason)`` of the claimed rows that
+            could not be decoded and were dead-lettered as ``CorruptRow`` instead (not in the list).
+    """
+
+    def __init__(self, jobs: Iterable[ClaimedJob] = (), throttled: Mapping[str, float] | None = None) -> None:
+        super().__init__(jobs)
+        self.throttled: dict[str, float] = dict(throttled or {})
+        self.corrupt: list[tuple[int, str, str]] = []
+
+    @property
+    def throttle_wait(self) -> float | None:
+        """Seconds until the first throttled queue may be claimed from again; None if none is throttled."""
+        return min(self.throttled.values()) if self.throttled else None
+
+
+def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
+              now: datetime | None = None, alias: str | None = None,
+              rate_limits: Mapping[str, RateLimit] | None = None,
+              tasks: Sequence[str] | None = None) -> ClaimResult:
+    """Lease up to ``limit`` due ready jobs.
+
+    Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
+    paused, the job's concurrency key below its limit (across all workers), and the queue's rate
+    limit. Without rate-limited queues this is one statement (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``);
+    with them, one short transaction of two statements (``flow.RATE_LOCK``, then ``flow.JOB_CLAIM_RATED``
+    or ``flow.JOB_CLAIM_ANY_QUEUE_RATED``).
+
+    Args:
+        queues: queue names to claim from, or None for every queue.
+        limit: maximum number of jobs (the worker's free threads).
+        worker_id: recorded in ``leased_by`` (host:pid:name).
+        lease: default lease length in seconds, for jobs without their own ``lease_seconds``.
+        now: aware datetime to use instead of the database clock (tests).
+        rate_limits: queue name -> :class:`~django_leasequeue.conf.RateLimit`; None means
+            ``LEASEQUEUE["QUEUES"]`` rate limits. Every worker must use the same limits.
+        tasks: task names to claim (the worker's registered tasks); jobs of other tasks are left
+            ``ready`` for a worker that knows them, untouched (no attempt spent). None: every task.
+
+    Returns:
+        A :class:`ClaimResult`: the claimed jobs in claim order (priority descending, then run_at,
+        then id), and the rate-limited queues this claim used up (``throttled``, ``throttle_wait``).
+    """
+    if limit <= 0:
+        return ClaimResult()
+    if rate_limits is None:
+        from ..conf import get_settings
+
+        rate_limits = get_settings().rate_limits
+    alias = alias or db_alias()
+    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
+                              "claim": uuid.uuid4().hex[:16], "tasks": list(tasks) if tasks is not None else None,
+                              "queues": list(queues) if queues is not None else None}
+    rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
+    if not rated:
+        result = _run(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias)
+        return _decode_claims(result.rows, _column_names(result.description), alias, worker_id=worker_id, now=now)
+    rows, description = flow._claim_rated(params, queues, rated, rate_limits, alias=alias)
+    names = _column_names(description)
+    waits = _load(rows[0][names.index("waits")]) if rows else {}
+    id_at = names.index("id")
+    return _decode_claims([r for r in rows if r[id_at] is not None], names, alias, worker_id=worker_id,
+                          now=now, throttled={k: float(v) for k, v in (waits or {}).items()})
+
+
+_new = object.__new__
+_set = object.__setattr__
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _column_names(description: Sequence[Any] | None) -> tuple[str, ...]:
+    return tuple(column.name for column in description or ())
+
+
+@functools.lru_cache(maxsize=16)
+def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
+    """A function that builds a :class:`ClaimedJob` from one claim row, for a result set whose
+    columns are ``names`` (the claim statements' RETURNING list; times as ``*_us`` epoch
+    microseconds). The positions are looked up here, once per column layout (cached), never per row."""
+    at = {name: i for i, name in enumerate(names)}
+    i_id, i_task, i_queue, i_args, i_kwargs = at["id"], at["task"], at["queue"], at["args"], at["kwargs"]
+    i_attempts, i_max, i_version, i_until = at["attempts"], at["max_attempts"], at["lease_version"], \
+        at["leased_until_us"]
+    i_lease, i_claimed, i_priority = at["lease_seconds"], at["claimed_at_us"], at["priority"]
+    i_created, i_started, i_errors = at["created_at_us"], at["started_at_us"], at["error_count"]
+
+    def decode(r: Sequence[Any]) -> ClaimedJob:
+        # The claim path builds one ClaimedJob per job: filling the frozen dataclass's __dict__ at
+        # once costs a tenth of its generated __init__ (one object.__setattr__ per field). Same object.
+        job: ClaimedJob = _new(ClaimedJob)
+        started = r[i_started]
+        _set(job, "__dict__", {
+            "id": r[i_id], "task": r[i_task], "queue": r[i_queue], "args": _load(r[i_args]),
+            "kwargs": _load(r[i_kwargs]), "attempts": r[i_attempts], "max_attempts": r[i_max],
+            "lease_version": r[i_version], "leased_until": _EPOCH + r[i_until] * _MICROSECOND,
+            "lease_seconds": float(r[i_lease]), "claimed_at": _EPOCH + r[i_claimed] * _MICROSECOND,
+            "priority": r[i_priority], "created_at": _EPOCH + r[i_created] * _MICROSECOND,
+            "started_at": None if started is None else _EPOCH + started * _MICROSECOND, "error_count": r[i_errors],
+        })
+        return job
+
+    return decode
+
+
+def _claim_order(rows: list[Any], names: Sequence[str]) -> list[Any]:
+    """Put claimed rows in claim order (priority descending, then run_at, then id). UPDATE ...
+    RETURNING gives no order; the worker starts a batch's jobs in list order."""
+    if len(rows) > 1:
+        i_priority, i_run_at, i_id = names.index("priority"), names.index("run_at_us"), names.index("id")
+        rows.sort(key=lambda r: (-r[i_priority], r[i_run_at], r[i_id]))
+    return rows
+
+
+_TIME_FIELDS = ("leased_until", "claimed_at", "created_at", "started_at")
+
+
+def _connection_zone(alias: str) -> zoneinfo.ZoneInfo | None:
+    """The zone claimed times are converted to on ``alias`` (see :func:`_to_zone`), or None to keep
+    them aware in UTC."""
+    connection = connections[alias]
+    if connection.timezone is not None or not connection.timezone_name:
+        return None  # USE_TZ = True: aware, as decoded (or no TIME_ZONE to convert to)
+    return zoneinfo.ZoneInfo(connection.timezone_name)
+
+
+def _to_zone(job: ClaimedJob, zone: zoneinfo.ZoneInfo) -> None:
+    """Give the claim's times (decoded from epoch microseconds as aware UTC) the form of every other
+    read on the connection: with ``USE_TZ = False`` Django reads timestamptz as naive datetimes in
+    the connection's time zone (the ORM, lease renewals), and mixing both would raise TypeError."""
+    values = job.__dict__  # frozen dataclass: fill its __dict__ as the decoder does
+    for name in _TIME_FIELDS:
+        if values[name] is not None:
+            values[name] = values[name].astimezone(zone).replace(tzinfo=None)
+
+
+# Dead-letter a claimed row that cannot be decoded (CorruptRow): fenced on the token the claim just
+# gave it, so a row another worker has claimed since is left alone. The row keeps every value as it
+# is, for the operator to read in SQL; only the state, the lease and the error list change. errors
+# itself may be what is corrupt, so a value that is not an array is replaced, not appended to.
+JOB_DEAD_CORRUPT = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {JOB_TABLE} j
+SET status = 'dead',
+    finished_at = clock.now,
+    leased_until = NULL,
+    errors = CASE WHEN jsonb_typeof(j.errors) = 'array' THEN j.errors ELSE '[]'::jsonb END
+             || jsonb_build_array(jsonb_build_object(
+                 'attempt', j.attempts, 'type', 'CorruptRow', 'message', %(reason)s::text, 'traceback', '',
+                 'worker', %(worker)s::text, 'at', clock.now))
+FROM clock
+WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
+RETURNING j.id
+"""
+
+
+def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worker_id: str,
+                   now: datetime | None, throttled: Mapping[str, float] | None = None) -> ClaimResult:
+    """Decode claimed rows (their columns named by ``names``, the claim's RETURNING list) one at a
+    time into a :class:`ClaimResult`, in claim order.
+
+    A row that cannot be decoded (a number Python refuses to read back, arguments that are not a
+    list and an object, a time outside Python's datetime range: a row written by hand or by an older
+    version) is dead-lettered at once with a ``CorruptRow`` error naming the reason, fenced on its
+    new token, and left out; the rest of the batch runs. The claim has already committed (or will,
+    with the caller's transaction), so raising instead would leave every row of the batch leased
+    with no one to run it.
+    """
+    jobs = ClaimResult(throttled=throttled)
+    if not rows:
+        return jobs
+    decode = _claim_decoder(names)
+    i_id, i_version, i_task = names.index("id"), names.index("lease_version"), names.index("task")
+    zone = _connection_zone(alias)
+    corrupt: list[tuple[int, int, str, str]] = []
+    for r in _claim_order(rows, names):
+        try:
+            job = decode(r)
+            if type(job.args) is not list or type(job.kwargs) is not dict:
+                raise TypeError(f"args is a JSON {type(job.args).__name__} and kwargs a JSON "
+                                f"{type(job.kwargs).__name__}; they must be a list and an object")
+            if zone is not None:
+                _to_zone(job, zone)
+        except Exception as exc:  # noqa: BLE001 - one bad row harms only itself
+            corrupt.append((r[i_id], r[i_version], str(r[i_task]),
+                            f"job row cannot be decoded: {type(exc).__name__}: {str(exc)[:500]}"))
+            continue
+        jobs.append(job)
+    if corrupt:
+        with _cursor(alias) as cur:
+            for job_id, version, task, reason in corrupt:
+                logger.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
+                cur.execute(JOB_DEAD_CORRUPT, {"now": now, "id": job_id, "version": version, "reason": reason,
+                                               "worker": worker_id})
+                if cur.rowcount:
+                    jobs.corrupt.append((job_id, task, reason))
+    return jobs
+

@@ -1,0 +1,326 @@
+"""Maintenance: the reaper's sweep (expired leases and the sweep record), pruning finished jobs,
+the process registry, and dead-lettering jobs of tasks no live worker knows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..exceptions import UnknownTask
+from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps, _run
+
+# Return expired leases (leased_until passed, by database time) to ready, or to dead when the
+# attempts are exhausted, recording "lease expired" as the attempt's error and bumping the token.
+# SKIP LOCKED lets several reapers run at once; the re-check in the outer WHERE makes the update a
+# compare-and-set, so a worker that completed in between wins (River #1302). A job whose cancel was
+# requested ends cancelled: its worker died before it could honour the request.
+#
+# The clock alone does not decide: an outage (or a restart) of the database hits every process at
+# once, and when it ends every lease has run out although no holder died. Each sweep records its
+# time in the one-row sweep table, by the real clock (clock_timestamp(): not the test-adjustable
+# leasequeue_now(), and immune to a caller's now=). A sweep that finds the previous one older than
+# %(silence)s seconds (twice the reaper interval) concludes that no reaper could reach the database
+# meanwhile and records the database as resumed now. For one lease period (the job's own) after
+# that, expired leases are left to their holders, whose heartbeats and completions, fenced on the
+# token rather than the clock, still succeed; a holder that really died is reaped one lease later.
+# The row lock serialises concurrent sweeps on the same decision. The record must not outrun the
+# clock: greatest() keeps the latest of two racing sweeps, but a recorded sweep (or resumption)
+# more than the silence ahead of the clock means the database clock was set back (it ran ahead, or
+# a failover reached a server whose clock is behind). Kept, it would stop every reaper from taking
+# back any expired lease until the clock caught up (for as long as the clock was wrong), and hide
+# every silence meanwhile; so the record starts again from the present clock, as after an outage
+# (expired leases wait one lease for their holders, then a dead holder's jobs are recovered).
+JOB_REAP = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+sweep AS MATERIALIZED (
+    INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
+    ON CONFLICT (id) DO UPDATE SET
+        resumed_at = CASE WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
+                            OR s.last_sweep_at > EXCLUDED.last_sweep_at + make_interval(secs => %(silence)s::float8)
+                          THEN EXCLUDED.last_sweep_at
+                          WHEN s.resumed_at > EXCLUDED.last_sweep_at THEN EXCLUDED.last_sweep_at
+                          ELSE s.resumed_at END,
+        last_sweep_at = CASE WHEN s.last_sweep_at > EXCLUDED.last_sweep_at
+                                                    + make_interval(secs => coalesce(%(silence)s::float8, 1))
+                             THEN EXCLUDED.last_sweep_at
+                             ELSE greatest(s.last_sweep_at, EXCLUDED.last_sweep_at) END
+    RETURNING s.last_sweep_at, s.resumed_at
+),
+expired AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j, clock, sweep
+    WHERE j.status = 'leased' AND j.leased_until < clock.now
+      AND (sweep.resumed_at IS NULL OR sweep.last_sweep_at
+           >= sweep.resumed_at + make_interval(secs => coalesce(j.lease_seconds, %(lease)s::float8)))
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead'
+                  ELSE 'ready' END,
+    run_at = clock.now,
+    finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2}
+                       THEN clock.now ELSE NULL END,
+    lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+    leased_until = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts, 'type', 'LeaseExpired',
+        'message', 'lease expired: the worker died, or was frozen or cut off from the database past its lease',
+        'traceback', '', 'worker', j.leased_by, 'at', clock.now))
+FROM expired, clock
+WHERE j.id = expired.id AND j.status = 'leased' AND j.leased_until < clock.now
+RETURNING j.id, j.task, j.queue, j.status, j.attempts, j.lease_version
+"""
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A job whose expired lease was taken back by the reaper."""
+
+    id: int
+    task: str
+    queue: str
+    status: str
+    attempts: int
+    lease_version: int
+
+
+def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: float | None = 10.0,
+                     lease: float = 30.0, alias: str | None = None) -> list[Reaped]:
+    """Take back up to ``limit`` expired leases; return what was reaped (status ready, dead or cancelled).
+
+    Args:
+        limit: most jobs taken back by this statement.
+        now: the database time to judge expiry by (aware datetime; None: ``leasequeue_now()``).
+        silence: seconds without any sweep after which the database is taken to have been
+            unreachable for everyone; expired leases are then left to their holders for one lease
+            period (the job's ``lease_seconds``) from the sweep that noticed it. None: a one-off
+            sweep, which has no cadence to measure a silence by: it never declares an outage
+            itself, but honours the window a periodic sweep recorded (else the clock decides).
+        lease: seconds, the lease of jobs whose ``lease_seconds`` is null (the worker default).
+    """
+    params = {"now": now, "limit": limit, "silence": None if silence is None else float(silence),
+              "lease": float(lease)}
+    return [Reaped(*r) for r in _run(JOB_REAP, params, alias=alias).rows]
+
+
+# Delete finished jobs past their retention, a small batch at a time so that no statement holds
+# many row locks or bloats one transaction. Dead jobs are kept until replayed or deleted.
+# One subquery per status, each ordered by finished_at with the cutoff as a scalar subquery (a
+# parameter, not a join with the clock): PostgreSQL then walks leasequeue_job_finished
+# (status, finished_at) from the oldest row and stops at the cutoff, so a batch with nothing to
+# delete costs a few index probes. A single "status IN (...) AND finished_at < clock.now - age"
+# is planned as a sequential scan of the whole table, every batch, growing with the table.
+JOB_PRUNE = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+done_old AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.status = 'done' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+cancelled_old AS (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.status = 'cancelled' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+DELETE FROM {JOB_TABLE} j
+WHERE j.id IN (SELECT u.id FROM (SELECT id FROM done_old UNION ALL SELECT id FROM cancelled_old) AS u
+               LIMIT %(limit)s)
+"""
+
+
+def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = None,
+              alias: str | None = None) -> int:
+    """Delete up to ``limit`` done/cancelled jobs finished more than ``older_than`` seconds ago.
+
+    Returns:
+        The number of rows deleted (call again while it equals ``limit``).
+    """
+    deleted: int = _run(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit}, alias=alias).rowcount
+    return deleted
+
+
+
+PROCESS_UPSERT = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+INSERT INTO {PROCESS_TABLE} (id, kind, host, pid, queues, concurrency, tasks, started_at, last_heartbeat_at)
+SELECT %(id)s, %(kind)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(tasks)s::jsonb, clock.now, clock.now
+FROM clock
+ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, host = EXCLUDED.host, pid = EXCLUDED.pid,
+    queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency, tasks = EXCLUDED.tasks,
+    started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at
+"""
+
+PROCESS_HEARTBEAT = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+UPDATE {PROCESS_TABLE} p SET last_heartbeat_at = clock.now,
+    last_tick_at = CASE WHEN %(tick)s THEN clock.now ELSE p.last_tick_at END
+FROM clock WHERE p.id = %(id)s
+"""
+
+
+def process_register(*, process_id: str, kind: str, host: str, pid: int, queues: Sequence[str] | None,
+                     concurrency: int, tasks: Sequence[str] | None = None, now: datetime | None = None,
+                     alias: str | None = None) -> None:
+    """Register (or re-register) a running worker/scheduler/reaper process.
+
+    Args:
+        queues: the queues it serves, or None for every queue (stored as ``["*"]``).
+        concurrency: its handler threads (0 for a scheduler or reaper).
+        tasks: the task names a worker can run (it claims only those); None: not recorded, which
+            counts as knowing every task (:func:`job_dead_letter_unknown_tasks`).
+        now: aware datetime instead of the database clock (tests); also the registration time.
+    """
+    _run(PROCESS_UPSERT, {"now": now, "id": process_id, "kind": kind, "host": host, "pid": pid,
+                                     "queues": _dumps(list(queues) if queues is not None else ["*"]),
+                                     "concurrency": concurrency,
+                                     "tasks": _dumps(sorted(tasks)) if tasks is not None else None}, alias=alias)
+
+
+def process_heartbeat(process_id: str, *, tick: bool = False, now: datetime | None = None,
+                      alias: str | None = None) -> bool:
+    """Touch a process row's heartbeat (and its scheduler tick when ``tick``); False if it was pruned."""
+    touched: int = _run(PROCESS_HEARTBEAT, {"now": now, "id": process_id, "tick": tick}, alias=alias).rowcount
+    return touched == 1
+
+
+def process_deregister(process_id: str, *, alias: str | None = None) -> None:
+    """Remove a process row on clean exit."""
+    _run(f"DELETE FROM {PROCESS_TABLE} WHERE id = %s", [process_id], alias=alias)
+
+
+PROCESS_PRUNE = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+DELETE FROM {PROCESS_TABLE} p USING clock
+WHERE p.last_heartbeat_at < clock.now - make_interval(secs => %(age)s)
+"""
+
+
+def process_prune(*, older_than: float, now: datetime | None = None, alias: str | None = None) -> int:
+    """Delete process rows whose heartbeat is older than ``older_than`` seconds; return the count."""
+    deleted: int = _run(PROCESS_PRUNE, {"now": now, "age": float(older_than)}, alias=alias).rowcount
+    return deleted
+
+
+# Rolling deploys: dead-letter the due ready jobs whose task no live worker serving their queue
+# knows, judged from the process registry (each worker records its task names at registration and
+# claims only those, see _TASKS_FILTER). A job is dead-lettered only when, for its queue:
+#   * at least one live worker (heartbeat within %(alive)s seconds) serves it: with none, nobody
+#     can judge, and the job waits;
+#   * no live worker serving it knows the task, and none has an unrecorded task list (NULL: a
+#     worker of an older version, which may know it);
+#   * the oldest of those workers registered %(grace)s seconds ago or more, and the job has been
+#     due (greatest of created_at and run_at) that long: a newer worker has had the grace to
+#     start and take it.
+# Unknown jobs are never claimed, so they collect at the head of their queue in claim order: the
+# sweep reads the first %(scan)s due rows of each queue that holds ready jobs through the ready
+# index (the queues found by a skip scan of that index, one probe each), not the whole backlog.
+# The task name is only compared, never imported. Locked rows (a claim in flight) are skipped; the
+# status is re-checked under the lock, so a job claimed meanwhile is left alone.
+# Nobody judges for %(alive)s seconds after the database came back from a silence of every reaper
+# (the sweep record's resumed_at, real clock): an outage longer than that leaves every worker's row
+# stale at once, and the processes beat again one by one, so a worker that knows the task may
+# simply not have beaten yet.
+JOB_DEAD_LETTER_UNKNOWN = f"""
+WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
+live AS MATERIALIZED (
+    -- A task list that is not a JSON list (a row written by another program) counts as none
+    -- recorded: such a worker may know every task, so its queues are not judged.
+    SELECT p.queues, CASE WHEN jsonb_typeof(p.tasks) = 'array' THEN p.tasks END AS tasks, p.started_at
+    FROM {PROCESS_TABLE} p, clock
+    WHERE p.kind = 'worker' AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
+      AND NOT EXISTS (SELECT 1 FROM {SWEEP_TABLE} s
+                      WHERE s.resumed_at > clock_timestamp() - make_interval(secs => %(alive)s))
+),
+ready_queues AS (
+    (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_queues r WHERE r.queue IS NOT NULL
+),
+served AS MATERIALIZED (
+    SELECT r.queue, coalesce(array_agg(DISTINCT t.name) FILTER (WHERE t.name IS NOT NULL), '{{}}') AS known
+    FROM ready_queues r
+    JOIN live w ON w.queues ? r.queue OR w.queues ? '*'
+    LEFT JOIN LATERAL jsonb_array_elements_text(w.tasks) AS t(name) ON true
+    WHERE r.queue IS NOT NULL
+    GROUP BY r.queue
+    HAVING bool_and(w.tasks IS NOT NULL)
+       AND min(w.started_at) <= (SELECT now FROM clock) - make_interval(secs => %(grace)s)
+),
+picked AS MATERIALIZED (
+    SELECT h.id, s.queue
+    FROM served s, clock
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.task, j.created_at, j.run_at FROM {JOB_TABLE} j
+        WHERE j.status = 'ready' AND j.queue = s.queue AND j.run_at <= clock.now
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(scan)s
+    ) AS h
+    WHERE h.task <> ALL(s.known)
+      AND greatest(h.created_at, h.run_at) <= clock.now - make_interval(secs => %(grace)s)
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked)) AND j.status = 'ready'
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {JOB_TABLE} j
+SET status = 'dead', finished_at = clock.now,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts, 'type', %(type)s::text,
+        'message', format('no task is registered as %%L in any live worker serving queue %%L for %%s seconds '
+                          '(only registered tasks run; a task name read from a job is never imported). '
+                          'Register the task in the workers of this queue, then replay the job.',
+                          j.task, j.queue, %(grace)s::float8),
+        'traceback', '', 'worker', %(worker)s::text, 'at', clock.now))
+FROM locked, clock
+WHERE j.id = locked.id AND j.status = 'ready'
+RETURNING j.id, j.task, j.queue, j.attempts, j.lease_version
+"""
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    """A job dead-lettered by :func:`job_dead_letter_unknown_tasks` (not leased when it was)."""
+
+    id: int
+    task: str
+    queue: str
+    attempts: int
+    lease_version: int
+
+
+def job_dead_letter_unknown_tasks(*, grace: float, alive_within: float, by: str, limit: int = 500,
+                                  scan: int = 100, now: datetime | None = None,
+                                  alias: str | None = None) -> list[DeadLettered]:
+    """Dead-letter due ready jobs whose task no live worker serving their queue has known for ``grace``.
+
+    See ``JOB_DEAD_LETTER_UNKNOWN`` for the exact rule. The error recorded has the type
+    ``django_leasequeue.exceptions.UnknownTask``; the job keeps its attempts (none was spent).
+
+    Args:
+        grace: seconds (``UNKNOWN_TASK_GRACE``) the job must have been due, and the queue's oldest
+            live worker registered, before the job is judged.
+        alive_within: seconds; a worker row whose heartbeat is older does not count (``PROCESS_ALIVE_WITHIN``).
+        by: the sweeping process id, recorded as the error's ``worker``.
+        limit: maximum number of jobs dead-lettered by this call.
+        scan: due rows read at the head of each queue, in claim order.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        The jobs dead-lettered (their id, task, queue, attempts and fencing token).
+    """
+    params = {"now": now, "grace": float(grace), "alive": float(alive_within), "worker": by, "limit": int(limit),
+              "scan": int(scan), "type": f"{UnknownTask.__module__}.{UnknownTask.__qualname__}"}
+    return [DeadLettered(*r) for r in _run(JOB_DEAD_LETTER_UNKNOWN, params, alias=alias).rows]
+

@@ -1,0 +1,299 @@
+"""The operator's bulk operations (the admin's buttons and bulk actions): request cancel, replay
+dead letters, retry now.
+
+Each call is one statement for any number of ids (the admin sends 10,000 at a time), rows are
+locked in id order so two bulk operations cannot deadlock each other, and every change is appended
+to the job's ``history`` with who did it and when (database time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ._db import CLOCK, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
+
+# Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job is
+# cancelled at once; a leased job gets cancel_requested, which its worker learns at the next
+# heartbeat (ctx.cancel_requested, ctx.check_cancel() raising JobCancelled), and which makes any
+# later completion, failure, snooze, release or reap of that lease end the job cancelled. Setting
+# the flag touches no indexed column, so on a leased row it is a HOT update. Rows are locked in id
+# order (the ORDER BY sits below FOR UPDATE) so two bulk cancels cannot deadlock each other; a
+# row held by a claim or a fenced_atomic() commit is waited for and re-checked after it commits.
+JOB_REQUEST_CANCEL = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+    ORDER BY j.id
+    FOR UPDATE
+),
+changed AS (
+    UPDATE {JOB_TABLE} j
+    SET status = CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE j.status END,
+        finished_at = CASE WHEN j.status = 'ready' THEN clock.now ELSE j.finished_at END,
+        cancel_requested = (j.status = 'leased'),
+        history = j.history || jsonb_build_array(jsonb_build_object(
+            'event', CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE 'cancel_requested' END,
+            'by', %(by)s::text, 'at', clock.now))
+    FROM target, clock
+    WHERE j.id = target.id AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+    RETURNING j.status
+)
+SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased') FROM changed
+"""
+
+
+@dataclass(frozen=True)
+class CancelCounts:
+    """Outcome of :func:`job_request_cancel`.
+
+    Attributes:
+        cancelled (int): ready jobs cancelled at once.
+        requested (int): leased jobs asked to stop (they end ``cancelled`` when their worker next
+            writes: check_cancel(), completion, failure, snooze, release or reap).
+        unchanged (int): ids already finished, already asked to stop, or unknown.
+    """
+
+    cancelled: int
+    requested: int
+    unchanged: int
+
+
+def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None = None,
+                       alias: str | None = None) -> CancelCounts:
+    """Cancel ready jobs now and ask leased jobs to stop, in one statement (10,000 ids are fine).
+
+    Args:
+        ids: job ids (duplicates are ignored).
+        by: who asked (recorded in each job's ``history``), e.g. the admin user name.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        :class:`CancelCounts`. Jobs already ``done``, ``dead`` or ``cancelled`` are left alone.
+    """
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return CancelCounts(0, 0, 0)
+    cancelled, requested = _run(JOB_REQUEST_CANCEL, {"now": now, "ids": ids, "by": by}, alias=alias).rows[0]
+    return CancelCounts(cancelled, requested, len(ids) - cancelled - requested)
+
+
+
+
+# Replay dead or cancelled jobs in place: the same row becomes ready again, due now. Because the
+# row itself is replayed (no copy is inserted), replaying twice cannot create two runnable jobs:
+# the second replay finds the row ready and changes nothing (C32); a concurrent second replay
+# waits for the first one's row lock and then fails the status re-check.
+#
+# * attempts restart at 0 (the job gets its full max_attempts again); errors are kept; the fencing
+#   token moves forward (lease_version + 1, never reset), so a write by any earlier lease holder
+#   stays refused whatever happens next.
+# * args/kwargs replace the stored ones when given (a fixed payload); the change is recorded in
+#   history with the old and the new values, before the "replayed" entry.
+# * unique keys: a retained-scope key stays with this row, so it is never in conflict. An
+#   active-scope key is free while the job is dead or cancelled, so another ready or leased job may
+#   hold it now: that row is refused (reported with the holder's id) instead of violating the
+#   unique index. When several replayed rows share one active key, only the newest one is
+#   replayed and the others are refused.
+# * The target CTE locks rows in id order; its status filter is re-checked after a lock wait, so
+#   a row replayed (or deleted) by a concurrent statement drops out.
+JOB_REPLAY = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+req AS MATERIALIZED (SELECT DISTINCT r.id FROM unnest(%(ids)s::bigint[]) AS r(id)),
+target AS MATERIALIZED (
+    SELECT j.id, j.unique_key, j.unique_scope FROM {JOB_TABLE} j
+    WHERE j.id IN (SELECT id FROM req) AND j.status IN ('dead', 'cancelled')
+    ORDER BY j.id
+    FOR UPDATE
+),
+keyed AS MATERIALIZED (
+    SELECT t.id,
+           CASE WHEN t.unique_key IS NOT NULL AND t.unique_scope = 'active' THEN (
+               SELECT o.id FROM {JOB_TABLE} o
+               WHERE o.unique_key = t.unique_key AND o.unique_scope = 'active'
+                 AND o.status IN ('ready', 'leased') AND o.id <> t.id
+               LIMIT 1)
+           END AS holder,
+           CASE WHEN t.unique_key IS NOT NULL AND t.unique_scope = 'active'
+                THEN first_value(t.id) OVER (PARTITION BY t.unique_key, t.unique_scope ORDER BY t.id DESC)
+           END AS key_winner
+    FROM target t
+),
+replayed AS (
+    UPDATE {JOB_TABLE} j
+    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+        leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
+        interruptions = 0, result = NULL,
+        args = coalesce(%(args)s::jsonb, j.args),
+        kwargs = coalesce(%(kwargs)s::jsonb, j.kwargs),
+        history = j.history
+            || CASE WHEN coalesce(%(args)s::jsonb, j.args) IS DISTINCT FROM j.args
+                      OR coalesce(%(kwargs)s::jsonb, j.kwargs) IS DISTINCT FROM j.kwargs
+               THEN jsonb_build_array(jsonb_build_object(
+                   'event', 'edited', 'by', %(by)s::text, 'at', clock.now,
+                   'old', jsonb_build_object('args', j.args, 'kwargs', j.kwargs),
+                   'new', jsonb_build_object('args', coalesce(%(args)s::jsonb, j.args),
+                                             'kwargs', coalesce(%(kwargs)s::jsonb, j.kwargs))))
+               ELSE '[]'::jsonb END
+            || jsonb_build_array(jsonb_build_object(
+                'event', 'replayed', 'by', %(by)s::text, 'at', clock.now, 'from_status', j.status,
+                'attempts', j.attempts, 'token', least(j.lease_version + 1, {TOKEN_MAX})))
+    FROM keyed k, clock
+    WHERE j.id = k.id AND k.holder IS NULL AND (k.key_winner IS NULL OR k.key_winner = k.id)
+      AND j.status IN ('dead', 'cancelled')
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM replayed) AS q
+    WHERE %(notify)s
+)
+SELECT r.id, j.status, j.unique_key, k.holder, k.key_winner, x.id IS NOT NULL,
+       (SELECT count(*) FROM woken)
+FROM req r
+LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+LEFT JOIN keyed k ON k.id = r.id
+LEFT JOIN replayed x ON x.id = r.id
+ORDER BY r.id
+"""
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Outcome of :func:`job_replay`.
+
+    Attributes:
+        replayed (list[int]): ids now ready, due at once, in id order.
+        refused (dict[int, str]): the other ids with the reason, e.g. ``"job is ready, only dead or
+            cancelled jobs are replayed"`` or ``"unique key 'k' is held by job #7"``.
+    """
+
+    replayed: list[int]
+    refused: dict[int, str]
+
+
+def job_replay(ids: Iterable[int], *, by: str = "", args: list[Any] | None = None,
+               kwargs: dict[str, Any] | None = None,
+               now: datetime | None = None, alias: str | None = None) -> ReplayResult:
+    """Replay dead or cancelled jobs in place, in one statement (10,000 ids are fine).
+
+    Each replayed job becomes ``ready`` with ``run_at`` = now (database time), ``attempts`` = 0,
+    ``lease_version`` + 1 (the fencing token only grows), its error history kept and a
+    ``{"event": "replayed", "by": ..., "at": ...}`` entry appended to ``history``. Other ids are
+    left alone and reported in :attr:`ReplayResult.refused`. Replaying the same job twice replays
+    it once (the second call finds it ready). The idea of replaying a dead letter after fixing its
+    payload is the "retry with modified arguments" of Sidekiq's and Oban's dashboards.
+
+    Args:
+        ids: job ids (duplicates are ignored).
+        by: who replayed (recorded in history), e.g. the admin user name.
+        args: new positional arguments for every replayed job, or None to keep each job's own.
+            The caller validates them (``arguments.check_json``); old and new values go to history.
+        kwargs: new keyword arguments, likewise.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        :class:`ReplayResult`.
+
+    Raises:
+        TypeError: ``args`` is not a list or ``kwargs`` not a dict.
+    """
+    from ..conf import get_settings
+
+    if args is not None and not isinstance(args, list):
+        raise TypeError(f"args must be a list, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return ReplayResult([], {})
+    alias = alias or db_alias()
+    settings = get_settings()
+    params = {"now": now, "ids": ids, "by": by, "notify": settings.notify, "channel": settings.notify_channel,
+              "args": None if args is None else _dumps(args),
+              "kwargs": None if kwargs is None else _dumps(kwargs)}
+    # A concurrent enqueue may take a replayed row's active-scope key after this statement's
+    # snapshot was taken; the unique index then refuses the UPDATE. The savepoint keeps the
+    # caller's transaction usable and the second round sees the new holder and refuses that row.
+    for round_ in range(2):
+        try:
+            with transaction.atomic(using=alias):
+                rows = _run(JOB_REPLAY, params, alias=alias).rows
+            break
+        except IntegrityError:
+            if round_:
+                raise
+    replayed: list[int] = []
+    refused: dict[int, str] = {}
+    for job_id, status, key, holder, winner, done, _woken in rows:
+        if done:
+            replayed.append(job_id)
+        elif status is None:
+            refused[job_id] = "no such job"
+        elif status not in ("dead", "cancelled"):
+            refused[job_id] = f"job is {status}; only dead or cancelled jobs are replayed"
+        elif holder is not None:
+            refused[job_id] = f"unique key {key!r} is held by job #{holder}, which is ready or leased"
+        elif winner is not None and winner != job_id:
+            refused[job_id] = f"unique key {key!r} is shared with job #{winner}, which was replayed instead"
+        else:
+            refused[job_id] = "changed while being replayed (replayed or deleted by someone else)"
+    return ReplayResult(replayed, refused)
+
+
+# Make ready jobs that wait out a retry backoff due now (the operator fixed the cause and does not
+# want to wait). Only jobs that already failed at least once (attempts > 0) and are not yet due
+# are touched: a delayed first run or a cron occurrence emitted early is not a retry. Locks in id
+# order like the other bulk statements; a NOTIFY per queue wakes idle workers at commit.
+JOB_RETRY_NOW = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j, clock
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'ready' AND j.attempts > 0 AND j.run_at > clock.now
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {JOB_TABLE} j
+    SET run_at = clock.now,
+        history = j.history || jsonb_build_array(jsonb_build_object(
+            'event', 'retry_now', 'by', %(by)s::text, 'at', clock.now, 'run_at_was', j.run_at))
+    FROM target, clock
+    WHERE j.id = target.id AND j.status = 'ready' AND j.run_at > clock.now
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM changed) AS q
+    WHERE %(notify)s
+)
+SELECT count(*), (SELECT count(*) FROM woken) FROM changed
+"""
+
+
+def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = None,
+                  alias: str | None = None) -> int:
+    """Make ready jobs waiting on a retry backoff due now, in one statement.
+
+    Args:
+        ids: job ids; only ``ready`` jobs with ``attempts > 0`` and ``run_at`` in the future change.
+        by: who asked (recorded in history with the previous ``run_at``).
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        The number of jobs made due.
+    """
+    from ..conf import get_settings
+
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return 0
+    settings = get_settings()
+    moved: int = _run(JOB_RETRY_NOW, {"now": now, "ids": ids, "by": by, "notify": settings.notify,
+                                "channel": settings.notify_channel}, alias=alias).one()[0]
+    return moved
+

@@ -1,0 +1,216 @@
+"""Monitoring's read-only queries: the health snapshot, the lease report, and one job by primary key.
+
+Every statement here only reads: plain ``SELECT``, no locks and no writes (a test in
+``tests/test_architecture.py`` checks it). The health statements run through :func:`read_cursor`,
+which shares one REPEATABLE READ snapshot between them and turns JIT compilation off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..models import Job
+from ._db import _JOB_COLUMN_LIST, CLOCK, JOB_TABLE, PROCESS_TABLE, QUEUE_TABLE, _jobs_from_rows, _run, db_alias
+
+# Queue figures in one statement, so every count is from the same snapshot and the same clock
+# reading. Each CTE's WHERE names exactly one status (or the finished ones), so PostgreSQL can
+# answer it from the matching partial index instead of the whole table:
+#   ready  -> leasequeue_job_ready (queue, priority, run_at, id) WHERE status = 'ready'
+#   leased -> leasequeue_job_leased WHERE status = 'leased' (few rows: running jobs)
+#   dead, recent -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
+# Windows are (now - w, now]: the upper bound matters when a caller passes an explicit now.
+QUEUE_STATS = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+ready AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.run_at <= c.now) AS ready_due,
+           count(*) FILTER (WHERE j.run_at > c.now) AS scheduled,
+           min(j.run_at) FILTER (WHERE j.run_at <= c.now) AS oldest_due
+    FROM {JOB_TABLE} j, clock c
+    WHERE j.status = 'ready' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+    GROUP BY j.queue
+),
+leased AS (
+    SELECT j.queue, count(*) AS leased, count(*) FILTER (WHERE j.leased_until < c.now) AS expired
+    FROM {JOB_TABLE} j, clock c
+    WHERE j.status = 'leased' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+    GROUP BY j.queue
+),
+dead AS (
+    SELECT j.queue, count(*) AS dead
+    FROM {JOB_TABLE} j
+    WHERE j.status = 'dead' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+    GROUP BY j.queue
+),
+recent AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(short)s))
+               AS done_short,
+           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(short)s))
+               AS dead_short,
+           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(long)s))
+               AS done_long,
+           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(long)s))
+               AS dead_long
+    FROM {JOB_TABLE} j, clock c
+    WHERE j.status IN ('done', 'dead')
+      AND j.finished_at > c.now - make_interval(secs => %(widest)s) AND j.finished_at <= c.now
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+    GROUP BY j.queue
+),
+names AS (
+    SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead
+    UNION SELECT queue FROM recent
+    UNION SELECT name FROM {QUEUE_TABLE} WHERE %(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[])
+    UNION SELECT unnest(%(always)s::text[])
+)
+SELECT c.now, n.queue,
+       coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
+       coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
+       coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
+       coalesce(q.paused, false), coalesce(l.expired, 0)
+FROM clock c
+LEFT JOIN names n ON true
+LEFT JOIN ready r ON r.queue = n.queue
+LEFT JOIN leased l ON l.queue = n.queue
+LEFT JOIN dead d ON d.queue = n.queue
+LEFT JOIN recent x ON x.queue = n.queue
+LEFT JOIN {QUEUE_TABLE} q ON q.name = n.queue
+ORDER BY n.queue
+"""
+
+# The process registry is small (stale rows are pruned); "alive" is judged in Python against the
+# clock reading of QUEUE_STATS so both statements agree on "now".
+# Stuck handlers come from the job rows, not from the worker's memory (monitoring runs in another
+# process): a leased job whose history has a ``timed_out`` entry for its current fencing token is
+# a handler past its task's timeout that is still running (thread mode cannot stop it). Only the
+# few leased rows are read (leasequeue_job_leased).
+PROCESSES = f"""
+SELECT p.id, p.kind, p.host, p.pid, p.queues, p.concurrency, p.started_at, p.last_heartbeat_at, p.last_tick_at,
+       coalesce(s.stuck, 0), s.since
+FROM {PROCESS_TABLE} p
+LEFT JOIN LATERAL (
+    SELECT count(*) AS stuck, min((e->>'at')::timestamptz) AS since
+    FROM {JOB_TABLE} j, jsonb_array_elements(j.history) e
+    WHERE j.status = 'leased' AND j.leased_by = p.id
+      AND e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text
+) s ON true
+ORDER BY p.kind, p.id
+"""
+
+# Per task over a window: runtime percentiles of done jobs (finished_at - attempted_at: the
+# successful attempt only, from its claim to its completion, by database time), outcomes, lease
+# losses (the reaper's LeaseExpired error entries) and fence rejections (the lease_lost notes a
+# still-running worker leaves in the job's history, see ``lease.job_note_lease_lost``). The rows are
+# the jobs finished in the window (leasequeue_job_finished) plus the leased ones
+# (leasequeue_job_leased); jobs waiting for a retry are counted once they finish.
+_LEASE_ROW = f"""
+    SELECT j.task, j.status,
+           CASE WHEN j.status = 'done' AND j.attempted_at IS NOT NULL
+                THEN extract(epoch FROM j.finished_at - j.attempted_at)::float8 END AS secs,
+           CASE WHEN j.errors = '[]'::jsonb THEN 0 ELSE (
+               SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
+               WHERE e->>'type' = 'LeaseExpired' AND (e->>'at')::timestamptz > c.since) END AS expired,
+           CASE WHEN j.history = '[]'::jsonb THEN 0 ELSE (
+               SELECT count(*) FROM jsonb_array_elements(j.history) AS h
+               WHERE h->>'event' = 'lease_lost' AND (h->>'at')::timestamptz > c.since) END AS rejected,
+           CASE WHEN j.history = '[]'::jsonb THEN 0 ELSE (
+               SELECT count(*) FROM jsonb_array_elements(j.history) AS h
+               WHERE h->>'event' = 'lease_lost' AND (h->>'at')::timestamptz > c.since
+                 AND NOT coalesce((h->>'timed_out')::boolean, false)) END AS healthy
+    FROM {JOB_TABLE} j, clock c
+"""
+LEASE_REPORT = f"""
+WITH clock AS MATERIALIZED (
+    SELECT now, now - make_interval(secs => %(window)s) AS since
+    FROM ({CLOCK}) AS t
+),
+recent AS (
+    {_LEASE_ROW}
+    WHERE j.status IN ('done', 'dead') AND j.finished_at > c.since AND j.finished_at <= c.now
+      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+    UNION ALL
+    {_LEASE_ROW}
+    WHERE j.status = 'leased' AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+)
+SELECT task, count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'dead'),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY secs), max(secs),
+       sum(expired)::bigint, sum(rejected)::bigint, sum(healthy)::bigint
+FROM recent
+GROUP BY task
+ORDER BY task
+"""
+
+
+@contextmanager
+def read_cursor(alias: str) -> Iterator[Any]:
+    """Yield a cursor on ``alias`` in a read-only transaction with JIT compilation off.
+
+    JIT is off because these statements run often and briefly: on large tables the planner's
+    estimates cross ``jit_above_cost`` and compiling costs more than running (seconds against a
+    tenth of one for the lease report on 1,000,000 rows). Outside a caller's transaction the
+    statements also share one REPEATABLE READ snapshot, so the figures agree with each other.
+    Inside a caller's transaction (a savepoint) the previous JIT setting is restored afterwards.
+    """
+    conn = connections[alias]
+    nested = conn.in_atomic_block
+    with transaction.atomic(using=alias), conn.cursor() as cur:
+        if nested:
+            cur.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
+            previous = cur.fetchone()[0]
+            yield cur
+            cur.execute("SELECT set_config('jit', %s, true)", [previous])
+        else:
+            # Two statements, not one string: with server-side binding psycopg cannot run both.
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur.execute("SET LOCAL jit = off")
+            yield cur
+
+
+def snapshot_rows(params: Mapping[str, Any], *, alias: str | None = None) -> tuple[list[Any], list[Any], float]:
+    """Run the two statements of a health snapshot in one read-only snapshot.
+
+    Args:
+        params: ``QUEUE_STATS``'s parameters: ``now`` (aware datetime or None), ``queues`` (names or
+            None), ``always`` (names reported even without jobs), ``short``, ``long`` and ``widest``
+            (window seconds).
+        alias: database alias; default the job table's.
+
+    Returns:
+        ``(QUEUE_STATS rows, PROCESSES rows, seconds both statements took)``.
+    """
+    with read_cursor(alias or db_alias()) as cur:
+        started = time.perf_counter()
+        cur.execute(QUEUE_STATS, params)
+        rows = cur.fetchall()
+        cur.execute(PROCESSES)
+        process_rows = cur.fetchall()
+    return rows, process_rows, time.perf_counter() - started
+
+
+def lease_report_rows(params: Mapping[str, Any], *, alias: str | None = None) -> list[Any]:
+    """Run ``LEASE_REPORT`` (parameters ``now``, ``window`` seconds, ``tasks`` names or None) in a
+    read-only snapshot; return its rows (one per task, by name)."""
+    with read_cursor(alias or db_alias()) as cur:
+        cur.execute(LEASE_REPORT, params)
+        rows: list[Any] = cur.fetchall()
+    return rows
+
+
+
+# Read one job by primary key (no lock): the tasks backend's get_result and the start of each
+# framework-task attempt. Plain SQL rather than the ORM because the ORM's query compiler, not
+# the database, would be most of the cost of an attempt.
+JOB_GET = f"SELECT {_JOB_COLUMN_LIST} FROM {JOB_TABLE} WHERE id = %(id)s"
+
+
+def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
+    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None."""
+    alias = alias or db_alias()
+    jobs = _jobs_from_rows(_run(JOB_GET, {"id": job_id}, alias=alias).rows, alias)
+    return jobs[0] if jobs else None

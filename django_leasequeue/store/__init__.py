@@ -39,11 +39,11 @@ Rules every statement follows:
 * **Claims are one statement**: a ``MATERIALIZED`` CTE picks due ready rows with ``FOR UPDATE SKIP
   LOCKED`` and ``LIMIT``; the outer UPDATE leases them, increments ``attempts`` and the fencing token
   ``lease_version``. The CTE is an optimisation fence so that the planner cannot turn the LIMIT
-  subquery into a nested loop that updates more rows than asked for (Oban #652).
+  subquery into a nested loop that updates more rows than asked for.
 * **Flow control is part of the claim** (docs/howto/flow-control.md): every eligibility rule (due,
   ``ready``, queue not paused, concurrency key below its limit, queue rate allowance) is applied
   inside the locked candidate scan, before ``SKIP LOCKED`` and ``LIMIT``, never by claiming and
-  then releasing (Oban #1498). A cancel request is honoured by every later write of the lease.
+  then releasing. A cancel request is honoured by every later write of the lease.
 
 A new statement goes into the module of its purpose, as a named constant with its why-comment
 above it, next to the function that runs it through ``_db._run``; then add the function (and the

@@ -24,7 +24,7 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
   rejected by the inline ``strpos()`` before any function call: the look-ahead past a full key's
   backlog costs about as much as reading the rows, not a plpgsql call per row.
 
-An over-limit or unknown-task row is never locked and never counts against the batch (Oban #1498):
+An over-limit or unknown-task row is never locked and never counts against the batch:
 the scan keeps looking behind it.
 """
 

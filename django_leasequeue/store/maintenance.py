@@ -13,7 +13,7 @@ from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps
 # Return expired leases (leased_until passed, by database time) to ready, or to dead when the
 # attempts are exhausted, recording "lease expired" as the attempt's error and bumping the token.
 # SKIP LOCKED lets several reapers run at once; the re-check in the outer WHERE makes the update a
-# compare-and-set, so a worker that completed in between wins (River #1302). A job whose cancel was
+# compare-and-set, so a worker that completed in between wins. A job whose cancel was
 # requested ends cancelled: its worker died before it could honour the request.
 #
 # The clock alone does not decide: an outage (or a restart) of the database hits every process at

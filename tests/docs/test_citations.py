@@ -22,7 +22,9 @@ TEST_NAME = re.compile(r"`(test_\w+)`")
 # Built from parts so that this file does not match itself.
 OUTSIDE_DOCUMENTS = tuple(name + ".md" for name in ("DESIGN", "CASES", "STYLE"))
 SECTION_SIGN = "\u00a7"
-ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+# An issue number: ours (the word "issue" and a number) or a peer queue's (its name, "#" and a number).
+PEERS = "Oban|River|Procrastinate|GoodJob|Graphile|pg-boss|Solid Queue|Celery"
+ISSUE_NUMBER = re.compile(rf"\b(?:issues?\s+#?\d+|(?:{PEERS})\s+#\d+)", re.IGNORECASE)
 
 
 def _citing_files() -> list[Path]:

@@ -138,7 +138,7 @@ def busy(context: JobContext, seconds: float) -> None:
         n += 1
 
 
-# ---- adversarial review (tests/adversarial/) ----
+# ---- regressions of hostile input and edge cases (tests across tests/worker, tests/store, tests/enqueue) ----
 # Handlers that misuse the API or hand the queue values PostgreSQL refuses. Each test asserts the
 # intended outcome (the job ends in a definite state, other jobs are unaffected).
 
@@ -241,7 +241,7 @@ def adv_fenced_commit_fails(context: JobContext, key: str) -> str:
     return "unreachable"
 
 
-# ---- reliability suite (tests/chaos/, issue 6) ----
+# ---- reliability suite (tests marked chaos) ----
 
 
 @task(name="qa.chaos", takes_context=True, max_attempts=25, backoff=Backoff(base=0.05, factor=2, max=0.5))
@@ -329,7 +329,7 @@ _POISON = {
 
 @task(name="qa.hostile", takes_context=True, max_attempts=2, backoff=0.05)
 def hostile(context: JobContext, kind: str) -> None:
-    """A poison handler (issue 6, "hostile input"): raises a ``BaseException`` the worker must
+    """A poison handler (hostile input): raises a ``BaseException`` the worker must
     treat as a failed attempt, or takes its whole process down (``os._exit``, a segfault), which
     only a lease expiry can detect. Every run is counted in :class:`Execution`."""
     _record(context, kind)

@@ -31,8 +31,6 @@ import dataclasses
 import difflib
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +44,7 @@ from . import cron, registry, signals, store
 from .conf import Settings, get_settings
 from .exceptions import ConfigurationError, UnknownTask
 from .models import Job, Schedule
-from .runtime import Service
+from .processes import RegisteredService, make_process_id
 
 logger = logging.getLogger("django_leasequeue.scheduler")
 
@@ -262,7 +260,7 @@ def _unregistered(*args: Any, **kwargs: Any) -> None:  # pragma: no cover - neve
     raise UnknownTask("placeholder for a task this scheduler process does not know")
 
 
-class SchedulerService(Service):
+class SchedulerService(RegisteredService):
     """``manage.py runscheduler`` (and ``runworker --with-scheduler``): emit due occurrences.
 
     Args:
@@ -279,6 +277,7 @@ class SchedulerService(Service):
 
     stops_first = True
     name = "scheduler"
+    kind = "scheduler"
 
     def __init__(self, *, interval: float | None = None, sync: bool = True, process_id: str | None = None,
                  settings: Settings | None = None) -> None:
@@ -289,7 +288,7 @@ class SchedulerService(Service):
         self.settings = settings or get_settings()
         self.sync = sync
         self.alias = store.db_alias()
-        self.process_id = process_id or f"{socket.gethostname()}:{os.getpid()}:scheduler"
+        self.process_id = process_id or make_process_id("scheduler")
         self.ticks = 0
         self.emitted = 0
         self._reported: dict[tuple[int, str], str] = {}  # (schedule id, topic) -> message logged
@@ -303,17 +302,10 @@ class SchedulerService(Service):
             sync_schedules(alias=self.alias)
         self.register()
 
-    def register(self) -> None:
-        """Register (or re-register) this process's ``WorkerProcess`` row, kind ``"scheduler"``."""
-        store.process_register(process_id=self.process_id, kind="scheduler", host=socket.gethostname(),
-                               pid=os.getpid(), queues=None, concurrency=0, alias=self.alias)
-
     def run_once(self) -> float:
         started = time.monotonic()
         result = self.tick()
-        if not store.process_heartbeat(self.process_id, tick=True, alias=self.alias):
-            self.register()  # pruned as stale (a long pause): come back
-            store.process_heartbeat(self.process_id, tick=True, alias=self.alias)
+        self.beat(tick=True)
         self.ticks += 1
         return self._wait_after(result, time.monotonic() - started)
 
@@ -326,7 +318,7 @@ class SchedulerService(Service):
         return max(MIN_WAIT, wait)
 
     def on_stop(self) -> None:
-        store.process_deregister(self.process_id, alias=self.alias)
+        self.deregister()
 
     # -- one tick ---------------------------------------------------------------------------------
     def tick(self, now: datetime | None = None) -> TickResult:

@@ -100,9 +100,8 @@ class Producer:
                 pool.inflight[item.job.id] = item
             pool.saturated = len(jobs) >= want
             idle = not pool.inflight
-        put = pool.tasks.put
         for item in items:
-            put(item)
+            pool.dispatch(item)
         self.short_claim = len(jobs) < want
         wait = jobs.throttle_wait
         if wait is not None and len(jobs) < want:

@@ -574,7 +574,7 @@ def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult[
 
     ``finished_at`` is the worker's clock here; ``get_result`` shows the database's.
     """
-    from .executor import describe_error
+    from .failures import describe_error
 
     changes: dict[str, Any] = {"status": status, "errors": list(attempt.result.errors)}
     if attempt.exc is not None:

@@ -29,7 +29,6 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +46,7 @@ from .exceptions import (
     Snooze,
     UnknownTask,
 )
+from .failures import describe_error
 from .retry import Backoff, as_backoff, clamp_delay
 from .runtime import close_broken_connections, is_connection_error
 
@@ -54,8 +54,6 @@ logger = logging.getLogger("django_leasequeue.executor")
 
 T = TypeVar("T")
 
-MAX_MESSAGE = 4000
-MAX_TRACEBACK = 20000
 # Process mode: seconds a child may take to set Django up and import the task modules (not the
 # handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
 CHILD_START_TIMEOUT = 120.0
@@ -84,48 +82,6 @@ class ChildError(Exception):
 
 class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
     """The worker's graceful stop killed the child (after the grace period): the job is released."""
-
-
-def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str, Any]:
-    """Build the JSON error entry for a failed attempt; never raises, whatever ``exc`` is.
-
-    Args:
-        exc: the handler's exception (any ``BaseException``).
-        attempt: the attempt number (1-based). worker: the worker id.
-
-    Returns:
-        ``{"attempt", "type", "message", "traceback", "worker"}``, every text storable in jsonb.
-        A ``__str__`` or ``__repr__`` that raises, even a ``BaseException`` such as SystemExit, gives
-        ``<unprintable Name>`` instead of losing the failure.
-    """
-    cls = type(exc)
-    try:
-        name = f"{cls.__module__}.{cls.__qualname__}"
-    except BaseException:  # noqa: BLE001 - a metaclass with hostile attributes
-        name = "<unknown exception type>"
-    try:
-        message = str(exc)
-    except BaseException:  # noqa: BLE001 - a broken __str__ must not lose the failure (case C25)
-        message = f"<unprintable {getattr(cls, '__name__', 'exception')}>"
-    try:
-        tb = "".join(traceback.format_exception(exc))
-    except BaseException:  # noqa: BLE001 - format_exception calls the same __str__
-        tb = ""
-    return {"attempt": attempt, "type": storable_text(name),
-            "message": storable_text(message[:MAX_MESSAGE]), "traceback": storable_text(tb[-MAX_TRACEBACK:]),
-            "worker": worker}
-
-
-def storable_text(text: str) -> str:
-    """Make text storable in jsonb: NUL becomes U+FFFD and lone surrogates are replaced, so that
-    recording a failure can never fail itself (a message with NUL would lose the error)."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def with_reconnect(fn: Callable[[], T]) -> T:

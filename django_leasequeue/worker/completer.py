@@ -19,7 +19,8 @@ from django.db import DatabaseError
 
 from .. import signals, store
 from ..context import JobContext
-from ..executor import attempt_ended, ctx_fields, describe_error, end_attempt, report_lease_lost, with_reconnect
+from ..executor import attempt_ended, ctx_fields, end_attempt, report_lease_lost, with_reconnect
+from ..failures import describe_error
 from ..runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 
 logger = logging.getLogger("django_leasequeue.worker")

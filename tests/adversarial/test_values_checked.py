@@ -28,7 +28,7 @@ from qa.tasks import record
 
 from django_leasequeue import ConfigurationError, EnqueueError, enqueue, enqueue_many, enqueue_on_commit, registry, task
 from django_leasequeue.conf import build, get_settings, parse_queue_list, queue_name_problem
-from django_leasequeue.executor import describe_error
+from django_leasequeue.failures import describe_error
 from django_leasequeue.models import Job
 from django_leasequeue.retry import MAX_BACKOFF_SECONDS, Backoff
 from tests.support import claim, run_claimed

@@ -59,13 +59,13 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from django.apps import apps
 from django.core import checks
 from django.core.signals import setting_changed
 from django.utils import timezone
@@ -445,14 +445,6 @@ class LeaseQueueTaskContext(_TaskContextBase):  # type: ignore[misc]
         return self.job.heartbeat()
 
 
-# Attempts whose task_started was sent by this process and whose task_finished is still due,
-# keyed by (job id, fencing token). Bounded: an attempt whose outcome could not be written at all
-# (database down) never reports back, and must not leak forever.
-_STARTED: OrderedDict[tuple[int, int], _Attempt] = OrderedDict()
-_STARTED_LOCK = threading.Lock()
-_STARTED_MAX = 100_000
-
-
 @dataclass(eq=False)
 class _Attempt:
     """What the worker knows of a running attempt, to send ``task_finished`` without a query."""
@@ -463,16 +455,8 @@ class _Attempt:
     value: Any = None
 
 
-def _started_add(key: tuple[int, int], attempt: _Attempt) -> None:
-    with _STARTED_LOCK:
-        _STARTED[key] = attempt
-        while len(_STARTED) > _STARTED_MAX:
-            _STARTED.popitem(last=False)
-
-
-def _started_pop(key: tuple[int, int]) -> _Attempt | None:
-    with _STARTED_LOCK:
-        return _STARTED.pop(key, None)
+# The key of the running attempt's _Attempt in ``JobContext.attempt_data``.
+_ATTEMPT_KEY = "django_leasequeue.backends"
 
 
 class _Runner:
@@ -511,7 +495,8 @@ class _Runner:
                 raise LeaseLost(f"job {job.job_id}: lease {job.lease_version} was lost before the task started")
             result = backend.result_from_job(row, task)
         attempt = _Attempt(task=task, result=result)
-        _started_add((job.job_id, job.lease_version), attempt)
+        _install_attempt_hook()
+        job.attempt_data[_ATTEMPT_KEY] = attempt
         _send(task_started, backend, result)
         try:
             if task.takes_context:
@@ -589,7 +574,7 @@ def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult[
 
     ``finished_at`` is the worker's clock here; ``get_result`` shows the database's.
     """
-    from .executor import describe_error
+    from .failures import describe_error
 
     changes: dict[str, Any] = {"status": status, "errors": list(attempt.result.errors)}
     if attempt.exc is not None:
@@ -604,28 +589,36 @@ def _finished_result(attempt: _Attempt, status: TaskResultStatus) -> TaskResult[
     return _clone(attempt.result, **changes)
 
 
-def _on_attempt_end(sender: Any, event: str, job_id: int | None = None, task: str | None = None,
-                    token: int | None = None, **fields: Any) -> None:
-    """Our executor recorded an attempt's outcome: send ``task_finished`` if we sent ``task_started``.
+class _FinishedHook:
+    """The executor's attempt hook that sends ``task_finished`` for the attempts whose
+    ``task_started`` this process sent (their :class:`_Attempt` rides on the attempt's context).
 
     Built from what the worker already knows, without a query. Retries and dead letters are
-    recorded inside the executor's ``except`` block, so receivers (Django's own logger among them)
-    see the exception in ``sys.exc_info()``.
+    reported from inside the executor's ``except`` block, so receivers (Django's own logger among
+    them) see the exception in ``sys.exc_info()``. A lost lease ends the attempt without a signal:
+    its outcome is discarded.
     """
-    try:
-        if job_id is None or token is None:
-            return
-        attempt = _started_pop((job_id, token))
-        if attempt is None or event not in _EVENT_STATUS:
-            return
-        status = _EVENT_STATUS[event]
-        if event in ("retried", "dead_lettered") and attempt.exc is None:
-            # Failed outside the task (a non-JSON return value): the row has the error entry.
-            _send_finished(job_id, task or "", status)
-            return
-        _send(task_finished, _backend_of(attempt.task), _finished_result(attempt, status))
-    except Exception:
-        logger.exception("could not send task_finished for job %s", job_id)
+
+    def attempt_started(self, ctx: JobContext) -> None:
+        """Nothing: ``task_started`` is sent by the task's runner, once its result is read."""
+
+    def attempt_ended(self, ctx: JobContext, outcome: str) -> None:
+        """Send ``task_finished`` with the status of ``outcome`` (an event name)."""
+        try:
+            attempt = ctx.attempt_data.pop(_ATTEMPT_KEY, None)
+            if attempt is None or outcome not in _EVENT_STATUS:
+                return
+            status = _EVENT_STATUS[outcome]
+            if outcome in ("retried", "dead_lettered") and attempt.exc is None:
+                # Failed outside the task (a non-JSON return value): the row has the error entry.
+                _send_finished(ctx.job_id, ctx.task, status)
+                return
+            _send(task_finished, _backend_of(attempt.task), _finished_result(attempt, status))
+        except Exception:
+            logger.exception("could not send task_finished for job %s", ctx.job_id)
+
+
+_FINISHED_HOOK = _FinishedHook()
 
 
 def _on_lease_expired(sender: Any, event: str, job_id: int | None = None, task: str | None = None,
@@ -638,9 +631,19 @@ def _on_lease_expired(sender: Any, event: str, job_id: int | None = None, task: 
         logger.exception("could not send task_finished for job %s", job_id)
 
 
-for _event in (*_EVENT_STATUS, "lease_lost"):
-    lq_signals.SIGNALS[_event].connect(_on_attempt_end, dispatch_uid=f"leasequeue-tasks-{_event}")
-lq_signals.job_lease_expired.connect(_on_lease_expired, dispatch_uid="leasequeue-tasks-lease_expired")
+def _install_attempt_hook() -> None:
+    """Install :class:`_FinishedHook` in the executor (once). Called when a backend is configured
+    once the app registry is ready (the executor's modules import the models; this module is
+    imported while Django loads its settings), and by the runner before the task starts, for a
+    backend configured earlier."""
+    from .executor import install_attempt_hook
+
+    install_attempt_hook(_FINISHED_HOOK)
+
+
+def _connect_lease_expired() -> None:
+    """Send ``task_finished`` when the reaper takes back a framework task's lease (once)."""
+    lq_signals.job_lease_expired.connect(_on_lease_expired, dispatch_uid="leasequeue-tasks-lease_expired")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,6 +749,9 @@ class LeaseQueueBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
+        _connect_lease_expired()
+        if apps.apps_ready:  # the executor's modules import the models
+            _install_attempt_hook()
         self.config_errors: list[str] = []
         self._specs: dict[int, tuple[Task[..., Any], registry.TaskSpec[..., Any]]] = {}
         queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])

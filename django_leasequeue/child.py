@@ -36,7 +36,7 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     from . import arguments, registry
     from .context import JobContext
     from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
-    from .executor import describe_error
+    from .failures import describe_error
 
     registry.autodiscover()
     ctx = JobContext(**payload["ctx"])

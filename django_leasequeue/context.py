@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -40,6 +40,8 @@ class JobContext:
             (:class:`~django_leasequeue.exceptions.JobTimedOut`) whatever the handler returned;
             ``fenced_atomic()`` refuses to commit from then on.
         claim (store.ClaimedJob | None): the claim this attempt runs under (set by the worker).
+        attempt_data (dict): what the executor's attempt hooks carry from the attempt's start to
+            its end, each under a key of its own.
     """
 
     job_id: int
@@ -60,6 +62,7 @@ class JobContext:
     timed_out: bool = False
     claim: ClaimedJob | None = field(default=None, repr=False)
     _returned: bool = field(default=False, repr=False)
+    attempt_data: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def time_out(self) -> bool:
         """Mark the attempt timed out unless its handler already returned (called by the worker

@@ -29,9 +29,8 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
@@ -47,6 +46,7 @@ from .exceptions import (
     Snooze,
     UnknownTask,
 )
+from .failures import describe_error
 from .retry import Backoff, as_backoff, clamp_delay
 from .runtime import close_broken_connections, is_connection_error
 
@@ -54,8 +54,6 @@ logger = logging.getLogger("django_leasequeue.executor")
 
 T = TypeVar("T")
 
-MAX_MESSAGE = 4000
-MAX_TRACEBACK = 20000
 # Process mode: seconds a child may take to set Django up and import the task modules (not the
 # handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
 CHILD_START_TIMEOUT = 120.0
@@ -84,48 +82,6 @@ class ChildError(Exception):
 
 class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
     """The worker's graceful stop killed the child (after the grace period): the job is released."""
-
-
-def describe_error(exc: BaseException, *, attempt: int, worker: str) -> dict[str, Any]:
-    """Build the JSON error entry for a failed attempt; never raises, whatever ``exc`` is.
-
-    Args:
-        exc: the handler's exception (any ``BaseException``).
-        attempt: the attempt number (1-based). worker: the worker id.
-
-    Returns:
-        ``{"attempt", "type", "message", "traceback", "worker"}``, every text storable in jsonb.
-        A ``__str__`` or ``__repr__`` that raises, even a ``BaseException`` such as SystemExit, gives
-        ``<unprintable Name>`` instead of losing the failure.
-    """
-    cls = type(exc)
-    try:
-        name = f"{cls.__module__}.{cls.__qualname__}"
-    except BaseException:  # noqa: BLE001 - a metaclass with hostile attributes
-        name = "<unknown exception type>"
-    try:
-        message = str(exc)
-    except BaseException:  # noqa: BLE001 - a broken __str__ must not lose the failure (case C25)
-        message = f"<unprintable {getattr(cls, '__name__', 'exception')}>"
-    try:
-        tb = "".join(traceback.format_exception(exc))
-    except BaseException:  # noqa: BLE001 - format_exception calls the same __str__
-        tb = ""
-    return {"attempt": attempt, "type": storable_text(name),
-            "message": storable_text(message[:MAX_MESSAGE]), "traceback": storable_text(tb[-MAX_TRACEBACK:]),
-            "worker": worker}
-
-
-def storable_text(text: str) -> str:
-    """Make text storable in jsonb: NUL becomes U+FFFD and lone surrogates are replaced, so that
-    recording a failure can never fail itself (a message with NUL would lose the error)."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def with_reconnect(fn: Callable[[], T]) -> T:
@@ -211,6 +167,77 @@ def check_result_size(result_json: str, limit: int) -> None:
         raise ResultTooLarge(size, limit)
 
 
+class AttemptHook(Protocol):
+    """A middleware of the executor: told when an attempt starts and when its outcome is recorded.
+
+    Install one with :func:`install_attempt_hook`. Both methods run on the thread that started or
+    ended the attempt; what a hook needs to carry from one to the other rides on the attempt's
+    context (``ctx.attempt_data``). An exception a hook raises is logged, never propagated.
+    """
+
+    def attempt_started(self, ctx: JobContext) -> None:
+        """Called before the handler of the attempt ``ctx`` runs."""
+
+    def attempt_ended(self, ctx: JobContext, outcome: str) -> None:
+        """Called once the attempt's outcome was recorded, right after its event was emitted.
+
+        ``outcome`` is that event: ``succeeded``, ``retried``, ``snoozed``, ``dead_lettered``,
+        ``cancelled`` or ``lease_lost``. A failure is reported from within the executor's
+        ``except`` block, so ``sys.exc_info()`` shows the handler's exception.
+        """
+
+
+_HOOKS: list[AttemptHook] = []
+
+
+def install_attempt_hook(hook: AttemptHook) -> None:
+    """Add ``hook`` to the attempt hooks of every executor in this process (once: installing the
+    same object again does nothing)."""
+    if hook not in _HOOKS:
+        _HOOKS.append(hook)
+
+
+def uninstall_attempt_hook(hook: AttemptHook) -> None:
+    """Remove ``hook`` from the attempt hooks; nothing when it is not installed."""
+    if hook in _HOOKS:
+        _HOOKS.remove(hook)
+
+
+def attempt_started(ctx: JobContext) -> None:
+    """Run every installed hook's ``attempt_started(ctx)``; never raises."""
+    for hook in _HOOKS:
+        try:
+            hook.attempt_started(ctx)
+        except Exception:
+            logger.exception("attempt hook %r failed for job %s", hook, ctx.job_id)
+
+
+def attempt_ended(ctx: JobContext, outcome: str) -> None:
+    """Run every installed hook's ``attempt_ended(ctx, outcome)``; never raises."""
+    for hook in _HOOKS:
+        try:
+            hook.attempt_ended(ctx, outcome)
+        except Exception:
+            logger.exception("attempt hook %r failed for job %s", hook, ctx.job_id)
+
+
+def end_attempt(ctx: JobContext, event: str, **fields: Any) -> None:
+    """Emit ``event`` (see :func:`signals.emit`) for the attempt ``ctx``, then tell the hooks."""
+    signals.emit(event, **fields)
+    if _HOOKS:
+        attempt_ended(ctx, event)
+
+
+def ctx_fields(ctx: JobContext) -> dict[str, Any]:
+    """The event fields of the attempt ``ctx`` (see :func:`signals.event_fields`)."""
+    return signals.event_fields(ctx.job_id, ctx.task, ctx.queue, ctx.attempt, ctx.lease_version)
+
+
+def job_fields(job: store.ClaimedJob) -> dict[str, Any]:
+    """The event fields of the claimed ``job``'s attempt (see :func:`signals.event_fields`)."""
+    return signals.event_fields(job.id, job.task, job.queue, job.attempts, job.lease_version)
+
+
 def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> None:
     """Record that the worker running ``ctx`` lost its lease: flag, event, and a durable note.
 
@@ -226,9 +253,8 @@ def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | N
     """
     ctx.mark_lease_lost()
     if fields is None:
-        fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
-                  "token": ctx.lease_version}
-    signals.emit("lease_lost", write=write, timed_out=ctx.timed_out, **fields)
+        fields = ctx_fields(ctx)
+    end_attempt(ctx, "lease_lost", write=write, timed_out=ctx.timed_out, **fields)
     try:
         store.job_note_lease_lost(ctx.job_id, ctx.lease_version, worker=ctx.worker_id, write=write,
                                   timed_out=ctx.timed_out, alias=ctx.alias)
@@ -266,10 +292,11 @@ class Executor:
             job: the claimed job; ctx: its context.
             child: run the handler in a child process killed at the task's timeout (process mode).
         """
-        fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
-                  "token": job.lease_version}
+        fields = job_fields(job)
         if signals.enabled("claimed"):
             signals.emit("claimed", **fields)
+        if _HOOKS:
+            attempt_started(ctx)
         try:
             spec = registry.get_task(job.task)
         except UnknownTask as exc:
@@ -291,7 +318,7 @@ class Executor:
             if ctx.completed_in_transaction:
                 # fenced_atomic() committed the job as done; an error after it changes nothing.
                 logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
-                signals.emit("succeeded", **fields)
+                end_attempt(ctx, "succeeded", **fields)
                 return "done"
             return self._fail(job, ctx, exc, retry_delay=self._retry_delay(spec, job), fields=fields)
         if ctx.completed_in_transaction:
@@ -300,7 +327,7 @@ class Executor:
             # work is committed), but the job's history says why its result is empty.
             if result is not None:
                 self._store_late_result(job, result)
-            signals.emit("succeeded", **fields)
+            end_attempt(ctx, "succeeded", **fields)
             return "done"
         try:
             result_json = None if result is None else encode_result(result, self.settings.max_result_bytes)
@@ -458,8 +485,7 @@ class Executor:
         write (the worker's stop goes on, then the interpreter exits): ``min_delay`` (seconds, the
         job's lease) keeps the retry from being due before then, however short the task's backoff,
         so that no other worker starts it beside the stuck attempt."""
-        fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
-                  "token": job.lease_version}
+        fields = job_fields(job)
         try:
             delay = self._retry_delay(registry.get_task(job.task), job)
         except UnknownTask:
@@ -507,11 +533,11 @@ class Executor:
             return "lease_lost"
         status, run_at = outcome
         if status == "cancelled":  # a cancel was requested while the handler ran
-            signals.emit("cancelled", error=error["type"], **fields)
+            end_attempt(ctx, "cancelled", error=error["type"], **fields)
         elif status == "dead":
-            signals.emit("dead_lettered", error=error["type"], message=error["message"], **fields)
+            end_attempt(ctx, "dead_lettered", error=error["type"], message=error["message"], **fields)
         else:
-            signals.emit("retried", error=error["type"], message=error["message"], run_at=run_at, **fields)
+            end_attempt(ctx, "retried", error=error["type"], message=error["message"], run_at=run_at, **fields)
         return status
 
     def _snooze(self, job: store.ClaimedJob, ctx: JobContext, seconds: float, fields: dict[str, Any]) -> str:
@@ -522,14 +548,26 @@ class Executor:
             report_lease_lost(ctx, write="snooze", fields=fields)
             return "lease_lost"
         event = {"ready": "snoozed", "cancelled": "cancelled"}.get(outcome, "dead_lettered")
-        signals.emit(event, seconds=seconds, **fields)
+        end_attempt(ctx, event, seconds=seconds, **fields)
         return "snoozed" if outcome == "ready" else outcome
+
+    def cancel_unstarted(self, job: store.ClaimedJob, ctx: JobContext) -> str:
+        """Record the cancel of a held job whose handler never started (a cancel was requested
+        while it waited for a thread): fenced on its token, ``cancelled`` emitted.
+
+        Returns:
+            ``cancelled``, or ``lease_lost`` when the token moved on (reported as a lost lease).
+
+        Raises:
+            DatabaseError: the database refused or could not be reached (after one reconnect).
+        """
+        return self._cancelled(job, ctx, job_fields(job))
 
     def _cancelled(self, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any]) -> str:
         done = with_reconnect(lambda: store.job_cancel_leased(job.id, job.lease_version, alias=self.alias))
         if not done:
             report_lease_lost(ctx, write="cancel", fields=fields)
             return "lease_lost"
-        signals.emit("cancelled", **fields)
+        end_attempt(ctx, "cancelled", **fields)
         return "cancelled"
 

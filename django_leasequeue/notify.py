@@ -11,15 +11,13 @@ transaction mode) delays a job by at most the poll interval.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import psycopg
 from django.db import connections
 
 from .runtime import Service
-
-if TYPE_CHECKING:
-    from .worker import WorkerService
 
 logger = logging.getLogger("django_leasequeue.notify")
 
@@ -36,12 +34,29 @@ def listen_connection(alias: str, channel: str) -> psycopg.Connection[Any]:
     return conn
 
 
+class Wakeable(Protocol):
+    """What the listener needs of the service it wakes (a
+    :class:`~django_leasequeue.worker.WorkerService`)."""
+
+    @property
+    def alias(self) -> str:
+        """The database alias."""
+
+    @property
+    def queues(self) -> Sequence[str] | None:
+        """The queue names served, or None for every queue."""
+
+    def wake(self) -> None:
+        """Cut the service's current wait short."""
+
+
 class Listener(Service):
-    """Wakes a :class:`WorkerService` when a notification names one of its queues."""
+    """Wakes a :class:`~django_leasequeue.worker.WorkerService` when a notification names one of
+    its queues."""
 
     name = "listener"
 
-    def __init__(self, worker: WorkerService, *, channel: str) -> None:
+    def __init__(self, worker: Wakeable, *, channel: str) -> None:
         super().__init__()
         self.worker = worker
         self.channel = channel

@@ -9,8 +9,9 @@ judged in the database: after a silence of every reaper (longer than twice the r
 the database was unreachable for everyone, or restarted), expired leases are left to their holders
 for one lease period, so that an outage is not read as every worker dying (see ``store.JOB_REAP``).
 
-Runs inside every worker (``WorkerService`` calls :func:`reap_once` every ``REAPER_INTERVAL``) and
-as ``manage.py runreaper``. Any number may run at once: the statement uses ``SKIP LOCKED`` and a
+Runs inside every worker (``WorkerService`` composes a :class:`ReaperService` and calls its
+:meth:`~ReaperService.sweep` every ``REAPER_INTERVAL``) and as ``manage.py runreaper``. Any
+number may run at once: the statement uses ``SKIP LOCKED`` and a
 compare-and-set on the expired lease, so two reapers never take back the same lease twice.
 
 Events emitted: lease_expired, dead_lettered, cancelled.
@@ -19,13 +20,12 @@ Events emitted: lease_expired, dead_lettered, cancelled.
 from __future__ import annotations
 
 import logging
-import os
-import socket
+from collections.abc import Callable
 from datetime import datetime
 
 from . import signals, store
 from .conf import Settings, get_settings
-from .runtime import Service
+from .processes import RegisteredService, make_process_id
 
 logger = logging.getLogger("django_leasequeue.reaper")
 
@@ -66,8 +66,7 @@ def reap_once(*, now: datetime | None = None, alias: str | None = None, batch: i
         for row in rows:
             # The event names the expired attempt's token (the statement bumped it by one), so it
             # matches the token of that attempt's "claimed" event.
-            fields = {"job_id": row.id, "task": row.task, "queue": row.queue, "attempt": row.attempts,
-                      "token": row.lease_version - 1}
+            fields = signals.event_fields(row.id, row.task, row.queue, row.attempts, row.lease_version - 1)
             signals.emit("lease_expired", status=row.status, **fields)
             if row.status == "dead":
                 signals.emit("dead_lettered", error="LeaseExpired", message="lease expired", **fields)
@@ -111,8 +110,7 @@ def dead_letter_unknown_tasks(settings: Settings, *, now: datetime | None = None
         for row in rows:
             signals.emit("dead_lettered", error="UnknownTask",
                          message=f"no live worker serving queue {row.queue!r} knows the task",
-                         job_id=row.id, task=row.task, queue=row.queue, attempt=row.attempts,
-                         token=row.lease_version)
+                         **signals.event_fields(row.id, row.task, row.queue, row.attempts, row.lease_version))
         if len(rows) < REAP_BATCH:
             return dead
 
@@ -129,38 +127,68 @@ def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | 
             return total
 
 
-class ReaperService(Service):
+class ReaperService(RegisteredService):
     """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, prune finished jobs and stale
-    process rows every minute."""
+    process rows every minute. A worker composes one too (never started as a thread of its own):
+    its claim loop calls :meth:`sweep` every ``REAPER_INTERVAL``.
+
+    Args:
+        interval: seconds between sweeps (None: ``REAPER_INTERVAL``).
+        settings: validated settings (None: the project's).
+        process_id: the registry row's id, also recorded as the ``worker`` of the jobs it
+            dead-letters as unknown (default ``host:pid:reaper``; a worker passes its own id).
+        alias: the database alias (None: the queue's).
+        before_sweep: called at the start of each :meth:`sweep`; an exception it raises skips the
+            sweep (a worker writes its pending completions there).
+    """
 
     name = "reaper"
+    kind = "reaper"
 
     def __init__(self, *, interval: float | None = None, settings: Settings | None = None,
-                 process_id: str | None = None) -> None:
+                 process_id: str | None = None, alias: str | None = None,
+                 before_sweep: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.settings = settings or get_settings()
         self.interval = float(interval or self.settings.reaper_interval)
-        self.alias = store.db_alias()
-        self.process_id = process_id or f"{socket.gethostname()}:{os.getpid()}:reaper"
+        self.alias = alias or store.db_alias()
+        self.process_id = process_id or make_process_id("reaper")
+        self.before_sweep = before_sweep
         self._runs = 0
+        self._next_process_prune = 0.0
         self.reaped = 0
 
+    def sweep(self) -> int:
+        """Run ``before_sweep``, take back expired leases and dead-letter the jobs of unknown
+        tasks. Returns how many leases were taken back."""
+        if self.before_sweep is not None:
+            self.before_sweep()
+        reaped = len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
+        self.reaped += reaped
+        dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
+        return reaped
+
+    def prune_processes_due(self, now: float) -> int:
+        """Prune stale process rows when ``PROCESS_PRUNE_EVERY`` seconds passed since the last
+        prune (``now`` is ``time.monotonic()``); returns the rows deleted."""
+        if now < self._next_process_prune:
+            return 0
+        self._next_process_prune = now + PROCESS_PRUNE_EVERY
+        return prune_processes(self.settings, alias=self.alias)
+
     def on_start(self) -> None:
-        store.process_register(process_id=self.process_id, kind="reaper", host=socket.gethostname(),
-                               pid=os.getpid(), queues=None, concurrency=0, alias=self.alias)
+        self.register()
 
     def run_once(self) -> float:
-        self.reaped += len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
-        dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
+        self.sweep()
         if self._runs % max(1, int(60 / self.interval)) == 0:
             pruned = prune_once(self.settings, alias=self.alias)
             stale = prune_processes(self.settings, alias=self.alias)
             if pruned or stale:
                 logger.info("pruned %d finished job(s) and %d stale process row(s)", pruned, stale)
         self._runs += 1
-        if not store.process_heartbeat(self.process_id, alias=self.alias):
-            self.on_start()  # our row was pruned (we were silent too long): register again
+        self.beat()
         return self.interval
 
     def on_stop(self) -> None:
-        store.process_deregister(self.process_id, alias=self.alias)
+        self.deregister()

@@ -30,8 +30,6 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +44,7 @@ from .conf import Settings, get_settings
 from .enqueueing import build_job, insert_jobs
 from .exceptions import ConfigurationError, UnknownTask
 from .models import Job, Schedule
-from .runtime import Service
+from .processes import RegisteredService, make_process_id
 
 logger = logging.getLogger("django_leasequeue.scheduler")
 
@@ -98,7 +96,7 @@ def load_settings_schedules(raw: Mapping[str, Any] | None = None, *,
     """Validate ``LEASEQUEUE_SCHEDULES`` (or ``raw``) and return the definitions to sync.
 
     The setting maps a schedule name to a dict with ``task`` (registered task name, or a
-    :class:`~django_leasequeue.registry.Task`) and ``cron`` (required), and optionally
+    :class:`~django_leasequeue.registry.TaskSpec`) and ``cron`` (required), and optionally
     ``timezone`` (IANA name; default ``""``: the project's ``TIME_ZONE``), ``args`` (list),
     ``kwargs`` (dict), ``queue`` (default ``""``: the task's queue), ``priority`` (default: the
     task's), ``enabled`` (default True), ``catch_up`` (``"latest"``, ``"all"``, ``"none"``; default
@@ -153,7 +151,7 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
     if missing:
         raise ConfigurationError(f"{where}: missing required option(s) {', '.join(map(repr, missing))}")
     task = options["task"]
-    if isinstance(task, registry.Task):
+    if isinstance(task, registry.TaskSpec):
         task = task.name
     args = options.get("args", [])
     if isinstance(args, tuple):
@@ -169,8 +167,8 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
     priority = options.get("priority")
     if priority is None:  # default: the task's own priority, as for enqueue()
         try:
-            spec = registry.get_task(task)
-            priority = spec.priority if isinstance(spec, registry.Task) else 0
+            task_spec = registry.get_task(task)
+            priority = task_spec.priority if isinstance(task_spec, registry.TaskSpec) else 0
         except UnknownTask:
             priority = 0  # reported by full_clean below
     row = Schedule(name=name, task=task, cron=options["cron"], timezone=options.get("timezone", ""),
@@ -262,7 +260,7 @@ def _unregistered(*args: Any, **kwargs: Any) -> None:  # pragma: no cover - neve
     raise UnknownTask("placeholder for a task this scheduler process does not know")
 
 
-class SchedulerService(Service):
+class SchedulerService(RegisteredService):
     """``manage.py runscheduler`` (and ``runworker --with-scheduler``): emit due occurrences.
 
     Args:
@@ -279,6 +277,7 @@ class SchedulerService(Service):
 
     stops_first = True
     name = "scheduler"
+    kind = "scheduler"
 
     def __init__(self, *, interval: float | None = None, sync: bool = True, process_id: str | None = None,
                  settings: Settings | None = None) -> None:
@@ -289,7 +288,7 @@ class SchedulerService(Service):
         self.settings = settings or get_settings()
         self.sync = sync
         self.alias = store.db_alias()
-        self.process_id = process_id or f"{socket.gethostname()}:{os.getpid()}:scheduler"
+        self.process_id = process_id or make_process_id("scheduler")
         self.ticks = 0
         self.emitted = 0
         self._reported: dict[tuple[int, str], str] = {}  # (schedule id, topic) -> message logged
@@ -303,17 +302,10 @@ class SchedulerService(Service):
             sync_schedules(alias=self.alias)
         self.register()
 
-    def register(self) -> None:
-        """Register (or re-register) this process's ``WorkerProcess`` row, kind ``"scheduler"``."""
-        store.process_register(process_id=self.process_id, kind="scheduler", host=socket.gethostname(),
-                               pid=os.getpid(), queues=None, concurrency=0, alias=self.alias)
-
     def run_once(self) -> float:
         started = time.monotonic()
         result = self.tick()
-        if not store.process_heartbeat(self.process_id, tick=True, alias=self.alias):
-            self.register()  # pruned as stale (a long pause): come back
-            store.process_heartbeat(self.process_id, tick=True, alias=self.alias)
+        self.beat(tick=True)
         self.ticks += 1
         return self._wait_after(result, time.monotonic() - started)
 
@@ -326,7 +318,7 @@ class SchedulerService(Service):
         return max(MIN_WAIT, wait)
 
     def on_stop(self) -> None:
-        store.process_deregister(self.process_id, alias=self.alias)
+        self.deregister()
 
     # -- one tick ---------------------------------------------------------------------------------
     def tick(self, now: datetime | None = None) -> TickResult:

@@ -50,6 +50,19 @@ _LEVELS = {"dead_lettered": logging.WARNING, "lease_lost": logging.WARNING, "lea
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
+def event_fields(job_id: int, task: str, queue: str, attempt: int, token: int) -> dict[str, Any]:
+    """The fields every job event carries, as keyword arguments for :func:`emit`.
+
+    Args:
+        job_id: the job's primary key. task: its task name. queue: its queue.
+        attempt: the attempt number (1-based). token: the attempt's fencing token (``lease_version``).
+
+    Returns:
+        ``{"job_id", "task", "queue", "attempt", "token"}``.
+    """
+    return {"job_id": job_id, "task": task, "queue": queue, "attempt": attempt, "token": token}
+
+
 def enabled(event: str) -> bool:
     """Return True when :func:`emit` of ``event`` would do anything: a receiver is connected to its
     signal or its log level is enabled. Hot paths check this before building the event's fields."""

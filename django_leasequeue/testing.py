@@ -4,7 +4,7 @@ enqueued, move the database clock, and prove a handler is fenced when its lease 
 Everything here runs on the test's own database connection, in the calling thread, through the
 real claim and executor path (:mod:`store` claims, :class:`~django_leasequeue.worker.WorkerService`
 builds the context, the :class:`~django_leasequeue.executor.Executor` classifies the outcome and the
-:class:`~django_leasequeue.completer.Completer` writes it, fenced on the token). So it works inside a
+:class:`~django_leasequeue.worker.completer.Completer` writes it, fenced on the token). So it works inside a
 pytest-django ``db`` test (one transaction that no other connection can see) as well as with
 ``transactional_db``; no thread, process or ``sleep`` is involved.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,14 +187,51 @@ class JobFailed(AssertionError):
 
 def _inline_worker(queues: Sequence[str] | None = None, name: str = "inline") -> WorkerService:
     """A WorkerService that is never started: no threads, no LISTEN, no registry row. Only its
-    context building, executor and completer are used, through :meth:`WorkerService.run_inline`."""
+    pool's held-jobs table, its executor and its completer are used, through :func:`_run_inline`."""
     registry.autodiscover()
     return WorkerService(queues=queues, concurrency=1, notify=False, reap=False, burst=True,
                          worker_name=f"{name}-{uuid.uuid4().hex[:6]}")
 
 
+def _run_inline(worker: WorkerService, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> str:
+    """Run a claimed job in the calling thread, on its database connection, and write its
+    completion before returning: no handler thread, no completer thread, no heartbeat.
+
+    For ``drain()`` inside a test's transaction, where no other connection can see the test's
+    rows. The job goes through the worker's own pool, :class:`~django_leasequeue.executor.Executor`
+    and completer; only the threads are missing, so a handler that runs longer than its lease is
+    not renewed.
+
+    Args:
+        worker: a never-started worker (:func:`_inline_worker`).
+        job: a job claimed with that worker's id.
+        context_class: :class:`JobContext` or a subclass (the lost-lease simulation uses one).
+
+    Returns:
+        The outcome: ``done``, ``ready`` (retry scheduled), ``dead``, ``snoozed``, ``cancelled``,
+        ``lease_lost`` (a fenced write was refused, the completion included) or ``unrecorded``.
+    """
+    pool = worker.pool
+    item = pool.track(job, context_class)
+    item.started = True  # never a prefetched job: release_unstarted() must leave it alone
+    if item.timeout:
+        item.deadline = time.monotonic() + item.timeout
+    try:
+        outcome = worker.executor.run(job, item.ctx)
+        worker.completer.flush()
+    finally:
+        pool.forget(item)
+    if outcome == "done" and not item.ctx.completed_in_transaction:
+        # The completer decided: done, cancelled (requested while it ran) or refused (lease lost).
+        if item.ctx.lease_lost:
+            return "lease_lost"
+        if item.ctx.cancel_requested:
+            return "cancelled"
+    return outcome
+
+
 def _run(worker: WorkerService, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> JobRun:
-    outcome = worker.run_inline(job, context_class)
+    outcome = _run_inline(worker, job, context_class)
     return JobRun(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts, token=job.lease_version,
                   outcome=outcome, worker=worker.worker_id)
 
@@ -412,7 +450,7 @@ def _task_name(task: Any) -> str:
     """The name stored in job rows for a :class:`Task`, a Django tasks-framework task or a str."""
     if isinstance(task, str):
         return task
-    if isinstance(task, registry.Task):
+    if isinstance(task, registry.TaskSpec):
         return task.name
     module_path = getattr(task, "module_path", None)  # django.tasks.Task
     if isinstance(module_path, str):
@@ -428,7 +466,7 @@ def enqueued_jobs(task: Any = None, *, args: Sequence[Any] | None = None, kwargs
     test", whatever happened to the job since (``status`` narrows it down).
 
     Args:
-        task: a :class:`~django_leasequeue.registry.Task`, a Django tasks-framework task, or a
+        task: a :class:`~django_leasequeue.enqueueing.Task`, a Django tasks-framework task, or a
             registered name; None: every task.
         args: the positional arguments, compared as a list after the JSON round trip; elements
             may be ``unittest.mock.ANY``. None: any arguments.

@@ -34,7 +34,7 @@ from django_leasequeue import (
 )
 from django_leasequeue.conf import build, get_settings, parse_queue_list, queue_name_problem
 from django_leasequeue.enqueueing import build_job
-from django_leasequeue.executor import describe_error
+from django_leasequeue.failures import describe_error
 from django_leasequeue.models import Job
 from django_leasequeue.retry import MAX_BACKOFF_SECONDS, Backoff
 from tests.support import claim, run_claimed
@@ -259,7 +259,7 @@ def _raise_system_exit(attempt: int) -> float:
 ], ids=["str", "negative", "system_exit", "nan", "inf", "1e300"])
 def test_the_handlers_own_error_is_recorded_whatever_the_backoff_does(backoff, delay_between):
     name = "adversarial.values.failing"
-    registry.register_task(registry.Task(func=_fails, name=name, max_attempts=3, backoff=backoff))
+    registry.register_task(registry.TaskSpec(func=_fails, name=name, max_attempts=3, backoff=backoff))
     job = enqueue(name)
     (claimed,) = claim()
     assert run_claimed(claimed) == "ready"  # main: the backoff's error escaped; the job stayed leased
@@ -275,7 +275,7 @@ def test_the_handlers_own_error_is_recorded_whatever_the_backoff_does(backoff, d
 @pytest.mark.django_db
 def test_an_error_whose_str_raises_system_exit_is_recorded_as_itself():
     name = "adversarial.values.unprintable"
-    registry.register_task(registry.Task(func=_fails_with_str_system_exit, name=name, max_attempts=1))
+    registry.register_task(registry.TaskSpec(func=_fails_with_str_system_exit, name=name, max_attempts=1))
     job = enqueue(name)
     (claimed,) = claim()
     assert run_claimed(claimed) == "dead"  # main: SystemExit escaped; the reaper would record LeaseExpired

@@ -12,11 +12,11 @@ from typing import Any
 from django.core.management import call_command
 
 from django_leasequeue import store
-from django_leasequeue.completer import Completer
 from django_leasequeue.conf import get_settings
 from django_leasequeue.context import JobContext
 from django_leasequeue.executor import Executor
 from django_leasequeue.models import Job
+from django_leasequeue.worker.completer import Completer
 
 
 def make_job(**fields: Any) -> Job:

@@ -22,13 +22,13 @@ from django.test import override_settings
 from qa.models import Execution
 
 from django_leasequeue import enqueue, store
-from django_leasequeue.completer import Completer
 from django_leasequeue.conf import build, get_settings
 from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.models import Job
 from django_leasequeue.notify import _NOT_LIBPQ
 from django_leasequeue.runtime import db_error_kind, run_services
 from django_leasequeue.worker import WorkerService
+from django_leasequeue.worker.completer import Completer
 from tests.support import claim, context_for, wait_for
 from tests.worker.test_connection_loss import database_refusing_connections
 
@@ -110,7 +110,7 @@ def test_the_completer_retries_within_the_shortest_lease_it_holds():
 
     record.using(lease=1.5).enqueue("short")
     for job in store.job_claim(queues=None, limit=2, worker_id=worker.worker_id, lease=3):
-        worker._dispatch(job)
+        worker.pool.dispatch(worker.pool.track(job))
     assert worker.completer.error_backoff_max == 0.5
     assert Completer(alias=store.db_alias()).error_backoff_max == 30.0  # standalone: the general cap
 
@@ -162,9 +162,9 @@ def test_a_returned_job_is_renewed_until_its_completion_is_written_through_an_ou
         with database_refusing_connections():
             wait_for(lambda: "return" in ledger.read_text(), timeout=10, what="the handler to return")
             time.sleep(0.3)
-            held = {item.job.id: item.completing for item in worker.inflight_snapshot()}
+            held = {item.job.id: item.completing for item in worker.pool.inflight_snapshot()}
             assert held == {job.id: True}
-            assert worker.free_slots() == 2
+            assert worker.pool.free_slots() == 2
             time.sleep(6)  # past the 3 s lease by every clock
         wait_for(lambda: Job.objects.filter(pk=job.id, status="done").exists(), timeout=20,
                  what="the completion after the outage")
@@ -174,7 +174,7 @@ def test_a_returned_job_is_renewed_until_its_completion_is_written_through_an_ou
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.attempts, row.lease_version, row.errors, row.result) == ("done", 1, token, [], job.id)
     assert ledger.read_text().split() == ["start", str(job.id), str(token), "return", str(job.id), str(token)]
-    assert worker.inflight_snapshot() == [] and worker._completing == 0
+    assert worker.pool.inflight_snapshot() == [] and worker.pool.completing == 0
 
 
 # -- the fencing token decides, not the clock ----------------------------------------------------------

@@ -108,8 +108,8 @@ def test_worker_heartbeat_uses_the_job_rows_lease():
     worker = WorkerService(concurrency=1, lease=30, notify=False)
     (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=30, now=later())
     assert claimed.lease_seconds == 2
-    worker._dispatch(claimed)
-    (item,) = worker.inflight_snapshot()
+    worker.pool.dispatch(worker.pool.track(claimed))
+    (item,) = worker.pool.inflight_snapshot()
     assert (item.lease, item.ctx.lease_seconds, item.renew_every) == (2, 2, 2 / 3)
 
 
@@ -118,8 +118,8 @@ def test_worker_honours_heartbeat_interval_setting():
     worker = WorkerService(concurrency=1, notify=False, settings=build({"LEASE": 30, "HEARTBEAT_INTERVAL": 0.5}))
     (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=worker.lease, now=later())
     assert (claimed.id, claimed.lease_seconds) == (job.id, 30)
-    worker._dispatch(claimed)
-    (item,) = worker.inflight_snapshot()
+    worker.pool.dispatch(worker.pool.track(claimed))
+    (item,) = worker.pool.inflight_snapshot()
     assert item.renew_every == 0.5
 
 

@@ -75,8 +75,9 @@ def test_heartbeat_does_not_renew_a_job_completed_by_fenced_atomic():
         job = enqueue("qa.record")
         worker = WorkerService(concurrency=1, lease=3, notify=False, reap=False)
         (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=3)
-        worker._dispatch(claimed)  # in flight, as the worker would hold it (no handler thread started)
-        (item,) = worker.inflight_snapshot()
+        # In flight, as the worker would hold it (no handler thread started).
+        worker.pool.dispatch(worker.pool.track(claimed))
+        (item,) = worker.pool.inflight_snapshot()
         with item.ctx.fenced_atomic():
             Effect.objects.create(key="E", job_id=job.id, lease_version=claimed.lease_version)
         item.next_renewal = 0.0  # a renewal is due
@@ -112,8 +113,8 @@ def test_renewal_that_finds_the_job_just_completed_by_fenced_atomic_is_not_a_los
         job = enqueue("qa.record")
         worker = WorkerService(concurrency=1, lease=3, notify=False, reap=False)
         (claimed,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=3)
-        worker._dispatch(claimed)
-        (item,) = worker.inflight_snapshot()
+        worker.pool.dispatch(worker.pool.track(claimed))
+        (item,) = worker.pool.inflight_snapshot()
         item.next_renewal = 0.0
 
         def commit_elsewhere() -> None:  # the handler thread, on its own connection

@@ -82,8 +82,8 @@ def test_heartbeat_keeps_a_busy_lease_and_retries_it_within_a_second(statement_t
     worker = WorkerService(concurrency=2, lease=30, notify=False, reap=False)
     a, b = enqueue("qa.record", ["A"]), enqueue("qa.record", ["B"])
     for job in store.job_claim(queues=None, limit=2, worker_id=worker.worker_id, lease=30):
-        worker._dispatch(job)
-    items = {item.job.id: item for item in worker.inflight_snapshot()}
+        worker.pool.dispatch(worker.pool.track(job))
+    items = {item.job.id: item for item in worker.pool.inflight_snapshot()}
     for item in items.values():
         item.next_renewal = 0.0  # both renewals due
     before = {job_id: item.ctx.leased_until for job_id, item in items.items()}
@@ -131,8 +131,8 @@ def test_heartbeat_error_backoff_is_capped_by_the_shortest_renewal_interval_in_f
     enqueue("qa.record")
     record.using(lease=1.5).enqueue("short")
     for job in store.job_claim(queues=None, limit=3, worker_id=worker.worker_id, lease=30):
-        worker._dispatch(job)
-    assert sorted(item.renew_every for item in worker.inflight_snapshot()) == [0.5, 10.0, 10.0]
+        worker.pool.dispatch(worker.pool.track(job))
+    assert sorted(item.renew_every for item in worker.pool.inflight_snapshot()) == [0.5, 10.0, 10.0]
     assert worker.heartbeat.error_backoff_max == 0.5
     assert Service().error_backoff_max == ERROR_BACKOFF_MAX == 30.0  # other services keep the general cap
 
@@ -144,8 +144,8 @@ def test_heartbeat_retries_at_least_every_renewal_interval_while_the_database_re
     record.using(lease=1.5).enqueue("short")
     worker = WorkerService(concurrency=1, lease=30, notify=False, reap=False)
     (job,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=30)
-    worker._dispatch(job)
-    (item,) = worker.inflight_snapshot()
+    worker.pool.dispatch(worker.pool.track(job))
+    (item,) = worker.pool.inflight_snapshot()
     item.next_renewal = 0.0  # due now, and still due after each failed attempt
     heartbeat = worker.heartbeat
     waits: list[float] = []

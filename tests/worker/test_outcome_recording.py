@@ -14,10 +14,10 @@ from django.db import OperationalError, connection
 from qa.models import Execution
 
 from django_leasequeue import enqueue, signals, store
-from django_leasequeue.completer import Completer
 from django_leasequeue.models import Job
 from django_leasequeue.runtime import close_broken_connections, run_services
 from django_leasequeue.worker import WorkerService
+from django_leasequeue.worker.completer import Completer
 from tests.support import claim, context_for, run_claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -76,37 +76,37 @@ def test_async_completion_in_autocommit_leaves_the_session_durable():
 def test_prefetch_allowance_follows_recent_job_durations():
     worker = WorkerService(queues=["default"], concurrency=4, reap=False, notify=False,
                            prefetch_wait=0.05, prefetch_max=64)
-    assert worker.prefetch_allowance() == 0  # nothing timed yet: claim only for free threads
-    worker._avg_runtime = 0.010  # 4 threads x 50 ms / 10 ms
-    assert worker.prefetch_allowance() == 20
-    worker._avg_runtime = 0.0001
-    assert worker.prefetch_allowance() == 64
-    worker._avg_runtime = 1.0
-    assert worker.prefetch_allowance() == 0
-    assert WorkerService(concurrency=4, notify=False, prefetch_wait=0).prefetch_allowance() == 0
+    assert worker.producer.prefetch_allowance() == 0  # nothing timed yet: claim only for free threads
+    worker.pool.avg_runtime = 0.010  # 4 threads x 50 ms / 10 ms
+    assert worker.producer.prefetch_allowance() == 20
+    worker.pool.avg_runtime = 0.0001
+    assert worker.producer.prefetch_allowance() == 64
+    worker.pool.avg_runtime = 1.0
+    assert worker.producer.prefetch_allowance() == 0
+    assert WorkerService(concurrency=4, notify=False, prefetch_wait=0).producer.prefetch_allowance() == 0
     assert get_settings().prefetch_wait == 0.05 and get_settings().prefetch_max == 64
     # Never from a rate-limited queue (the limit counts claims): not when the worker serves one.
     rated = build({"QUEUES": {"default": {}, "partner": {"rate_limit": "10/s"}}})
     for queues, allowance in ((["default"], 64), (["default", "partner"], 0), (None, 0)):
         w = WorkerService(queues=queues, concurrency=4, notify=False, settings=rated)
-        w._avg_runtime = 0.0001
-        assert w.prefetch_allowance() == allowance, queues
+        w.pool.avg_runtime = 0.0001
+        assert w.producer.prefetch_allowance() == allowance, queues
 
 
 def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attempt():
     enqueue_many(flaky_sync, [[f"k{i}"] for i in range(30)])
     worker = WorkerService(queues=["default"], concurrency=2, reap=False, notify=False,
                            prefetch_wait=0.05, prefetch_max=8)
-    worker._avg_runtime = 0.001  # short jobs: hold 2 threads + 8 prefetched
+    worker.pool.avg_runtime = 0.001  # short jobs: hold 2 threads + 8 prefetched
     assert worker.run_once() == 0.0  # threads were never started: every claimed job waits in the pool
-    assert worker.claimed == 10 and len(worker.inflight_snapshot()) == 10
+    assert worker.claimed == 10 and len(worker.pool.inflight_snapshot()) == 10
     held = Job.objects.filter(status="leased", lease_version=1, attempts=1)
     assert held.count() == 10
     claimed_at = {j.id: j.attempted_at for j in held}
     assert {j.started_at == j.attempted_at for j in held} == {True}
     # The heartbeat renews prefetched jobs like running ones (their lease runs from the claim).
     leased_until = {j.id: j.leased_until for j in held}
-    for item in worker.inflight_snapshot():
+    for item in worker.pool.inflight_snapshot():
         assert item.started is False and item.deadline is None
         item.next_renewal = 0.0
     worker.heartbeat.run_once()
@@ -114,9 +114,9 @@ def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attem
     assert all(renewed[i] > leased_until[i] for i in leased_until)
     # Held jobs past the refill mark: the next round claims nothing and waits to be woken.
     assert worker.run_once() == worker.poll_interval and worker.claimed == 10
-    assert worker.release_unstarted(older_than=3600) == 0  # none old enough
-    assert worker.release_unstarted() == 10
-    assert worker.inflight_snapshot() == []
+    assert worker.pool.release_unstarted(older_than=3600) == 0  # none old enough
+    assert worker.pool.release_unstarted() == 10
+    assert worker.pool.inflight_snapshot() == []
     released = Job.objects.filter(lease_version=2)
     assert released.count() == 10
     assert {(j.status, j.attempts, j.leased_until, j.started_at, j.history[-1]["event"]) for j in released} == {
@@ -124,8 +124,8 @@ def test_prefetched_jobs_not_started_are_released_with_token_bumped_and_no_attem
     # Not a counted attempt: no start time; attempted_at keeps the latest claim.
     assert {j.id: j.attempted_at for j in released} == claimed_at
     # The skipped queue entries are dropped by the threads: nothing runs, nothing is written.
-    item = worker._tasks.get_nowait()
-    assert worker._run_job(item) is False
+    item = worker.pool.tasks.get_nowait()
+    assert worker.pool.run_job(item) is False
     assert Job.objects.filter(status="ready").count() == 30
 
 

@@ -31,15 +31,15 @@ def manual_record(context: JobContext, tag: str = "") -> str:
 def prefetching_worker(concurrency: int = 1, prefetch_max: int = 4) -> WorkerService:
     worker = WorkerService(queues=["default"], concurrency=concurrency, reap=False, notify=False,
                            prefetch_wait=0.05, prefetch_max=prefetch_max)
-    worker._avg_runtime = 0.0001  # short jobs: prefetch the maximum
+    worker.pool.avg_runtime = 0.0001  # short jobs: prefetch the maximum
     return worker
 
 
 def queued(worker: WorkerService) -> list[InFlight]:
     """The pool's queue, in order (what the threads would take next)."""
     items = []
-    while not worker._tasks.empty():
-        item = worker._tasks.get_nowait()
+    while not worker.pool.tasks.empty():
+        item = worker.pool.tasks.get_nowait()
         if item is not None:
             items.append(item)
     return items
@@ -60,14 +60,14 @@ def test_a_prefetched_job_whose_lease_was_lost_is_not_run():
     assert [r.id for r in store.job_reap_expired(now=now)] == [victim.job.id]
     (other,) = store.job_claim_ids([victim.job.id], worker_id="other-worker", lease=30, now=now)
     assert other.lease_version == victim.job.lease_version + 2  # reaped (+1), claimed again (+1)
-    for item in worker.inflight_snapshot():
+    for item in worker.pool.inflight_snapshot():
         item.next_renewal = 0.0
     worker.heartbeat.run_once()
     assert victim.ctx.lease_lost
     # A thread reaches it: the handler must not run with the stale token.
-    worker._run_job(victim)
+    worker.pool.run_job(victim)
     assert not Execution.objects.filter(job_id=victim.job.id).exists()
-    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+    assert victim.job.id not in {i.job.id for i in worker.pool.inflight_snapshot()}
     row = Job.objects.get(pk=victim.job.id)
     assert (row.status, row.lease_version, row.leased_by) == ("leased", other.lease_version, "other-worker")
 
@@ -79,13 +79,13 @@ def test_a_prefetched_manual_heartbeat_job_is_renewed_while_it_waits():
     enqueue_many(manual_record, [[f"m{i}"] for i in range(3)])
     worker = prefetching_worker()
     worker.run_once()
-    items = worker.inflight_snapshot()
+    items = worker.pool.inflight_snapshot()
     assert len(items) == 3 and {i.manual_heartbeat for i in items} == {True}
     before = {j.id: j.leased_until for j in Job.objects.filter(status="leased")}
     for item in items:
         item.next_renewal = 0.0
     running = items[0]
-    with worker._lock:
+    with worker.pool.lock:
         running.started = True  # a thread runs this one: its handler renews it, not the heartbeat
     worker.heartbeat.run_once()
     after = {j.id: j.leased_until for j in Job.objects.filter(status="leased")}
@@ -105,15 +105,15 @@ def test_a_job_cancelled_while_prefetched_is_not_started():
     victim = items[2]
     counts = store.job_request_cancel([victim.job.id], by="operator")
     assert counts.requested == 1
-    for item in worker.inflight_snapshot():
+    for item in worker.pool.inflight_snapshot():
         item.next_renewal = 0.0
     worker.heartbeat.run_once()
     assert victim.ctx.cancel_requested
-    worker._run_job(victim)
+    worker.pool.run_job(victim)
     assert not Execution.objects.filter(job_id=victim.job.id).exists()
     row = Job.objects.get(pk=victim.job.id)
     assert (row.status, row.leased_until) == ("cancelled", None)
-    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+    assert victim.job.id not in {i.job.id for i in worker.pool.inflight_snapshot()}
 
 
 def test_jobs_released_unstarted_are_not_claimed_again_while_the_threads_stay_busy():
@@ -128,11 +128,11 @@ def test_jobs_released_unstarted_are_not_claimed_again_while_the_threads_stay_bu
     items = queued(worker)
     assert len(items) == 5 and worker.claimed == 5
     long_job = items[0]
-    with worker._lock:
+    with worker.pool.lock:
         long_job.started = True  # the only thread is busy with it
         for item in items[1:]:
             item.claimed_at -= 5.0  # held for 5 s, never started
-    assert worker.release_unstarted(older_than=1.0) == 4
+    assert worker.pool.release_unstarted(older_than=1.0) == 4
     worker.run_once()
     assert worker.claimed == 5, "claimed again while the only thread is still busy"
     assert Job.objects.filter(status="leased").count() == 1
@@ -257,9 +257,9 @@ def test_prefetched_jobs_stay_held_and_renewed_when_their_release_fails():
     enqueue_many("qa.record", [[f"f{i}"] for i in range(5)])
     worker = prefetching_worker()
     worker.run_once()
-    items = worker.inflight_snapshot()
+    items = worker.pool.inflight_snapshot()
     assert len(items) == 5
-    with worker._lock:
+    with worker.pool.lock:
         items[0].started = True  # the only thread is busy
         for item in items[1:]:
             item.claimed_at -= 5.0
@@ -277,17 +277,17 @@ def test_prefetched_jobs_stay_held_and_renewed_when_their_release_fails():
             SELECT set_config('adv2.refuse', 'on', false);
         """)
     try:
-        assert worker.release_unstarted(older_than=1.0) == 0
-        held = {i.job.id for i in worker.inflight_snapshot()}
+        assert worker.pool.release_unstarted(older_than=1.0) == 0
+        held = {i.job.id for i in worker.pool.inflight_snapshot()}
         assert held == {i.job.id for i in items}, "unreleased jobs dropped from the heartbeat"
-        for item in worker.inflight_snapshot():
+        for item in worker.pool.inflight_snapshot():
             item.next_renewal = 0.0
         worker.heartbeat.run_once()  # its own release attempt fails again; the renewals go through
-        assert {i.job.id for i in worker.inflight_snapshot()} == held
+        assert {i.job.id for i in worker.pool.inflight_snapshot()} == held
         assert not any(i.ctx.lease_lost for i in items)
         with connection.cursor() as cur:
             cur.execute("SELECT set_config('adv2.refuse', 'off', false)")
-        assert worker.release_unstarted(older_than=1.0) == 4
+        assert worker.pool.release_unstarted(older_than=1.0) == 4
         assert Job.objects.filter(status="ready", attempts=0).count() == 4
     finally:
         with connection.cursor() as cur:
@@ -334,13 +334,13 @@ def test_a_prefetched_job_released_during_a_renewal_is_not_reported_lost(monkeyp
     enqueue_many("qa.record", [[f"s{i}"] for i in range(3)])
     worker = prefetching_worker()
     worker.run_once()
-    for item in worker.inflight_snapshot():
+    for item in worker.pool.inflight_snapshot():
         item.next_renewal = 0.0
     renew = store.job_renew
 
     def release_then_renew(leases, **kwargs):
         # Exactly in the window: the snapshot is taken, the stop releases everything unstarted.
-        assert worker.release_unstarted() == 3
+        assert worker.pool.release_unstarted() == 3
         return renew(leases, **kwargs)
 
     monkeypatch.setattr(store, "job_renew", release_then_renew)
@@ -373,11 +373,11 @@ def test_a_held_job_is_not_started_once_its_lease_may_have_run_out_by_the_worker
     items = queued(worker)
     victim = items[1]
     victim.lease_valid_until = time.monotonic() + 0.5  # within the margin (1 s for a 30 s lease)
-    worker._run_job(victim)
+    worker.pool.run_job(victim)
     assert not Execution.objects.filter(job_id=victim.job.id).exists()
-    assert victim.job.id not in {i.job.id for i in worker.inflight_snapshot()}
+    assert victim.job.id not in {i.job.id for i in worker.pool.inflight_snapshot()}
     row = Job.objects.get(pk=victim.job.id)
     assert (row.status, row.attempts, row.lease_version) == ("ready", 0, victim.job.lease_version + 1)
     # The others, well inside their leases, run as usual.
-    worker._run_job(items[0])
+    worker.pool.run_job(items[0])
     assert Execution.objects.filter(job_id=items[0].job.id).count() == 1

@@ -46,7 +46,7 @@ def test_handler_returning_after_the_completers_final_flush_still_has_its_result
         # job leaves the running list before the worker looks for jobs to release.
         stopped = completer_join(timeout)
         GATES[key].set()
-        wait_for(lambda: worker.free_slots() == 1, timeout=10, what="the handler to return")
+        wait_for(lambda: worker.pool.free_slots() == 1, timeout=10, what="the handler to return")
         return stopped
 
     worker.completer.join = join_then_let_the_handler_return
@@ -79,7 +79,7 @@ def test_handler_still_running_after_the_grace_period_is_released_and_its_late_r
     assert (job.status, job.attempts, job.lease_version, job.errors) == ("ready", 0, claimed_token + 1, [])
     assert released == [job.id]
     GATES[key].set()  # the handler returns now; its completion must not be written
-    wait_for(lambda: worker.free_slots() == 1, timeout=10, what="the handler to return")
+    wait_for(lambda: worker.pool.free_slots() == 1, timeout=10, what="the handler to return")
     worker.completer.flush()
     job.refresh_from_db()
     assert (job.status, job.lease_version, job.result) == ("ready", claimed_token + 1, None)
@@ -93,7 +93,7 @@ def test_prefetched_jobs_no_thread_started_go_back_at_once_and_the_running_one_f
     waiting = [enqueue("qa.record", [f"p{i}"]) for i in range(5)]
     worker = WorkerService(concurrency=1, poll_interval=0.05, notify=False, reap=False, prefetch_wait=0.05,
                            prefetch_max=8, settings=build({"LEASE": 30, "SHUTDOWN_GRACE": 10}))
-    worker._avg_runtime = 0.001  # recent jobs were short: the first claim prefetches
+    worker.pool.avg_runtime = 0.001  # recent jobs were short: the first claim prefetches
     stop = threading.Event()
     thread = threading.Thread(target=run_services, args=([worker],), kwargs={"install_signals": False,
                                                                              "stop_when": stop})
@@ -101,7 +101,7 @@ def test_prefetched_jobs_no_thread_started_go_back_at_once_and_the_running_one_f
     try:
         wait_for(lambda: Execution.objects.filter(job_id=running.id).exists(), what="the gated handler to start")
         # One thread, six held jobs: the gated one runs, five wait in the pool, leased and heartbeated.
-        assert len(worker.inflight_snapshot()) == 6
+        assert len(worker.pool.inflight_snapshot()) == 6
         assert Job.objects.filter(status="leased").count() == 6
         stop.set()
         wait_for(lambda: Job.objects.filter(pk__in=[j.id for j in waiting], status="ready").count() == 5,

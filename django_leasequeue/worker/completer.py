@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 
 from django.db import DatabaseError
 
-from . import signals, store
-from .context import JobContext
-from .executor import describe_error, report_lease_lost, with_reconnect
-from .runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
+from .. import signals, store
+from ..context import JobContext
+from ..executor import attempt_ended, ctx_fields, end_attempt, report_lease_lost, with_reconnect
+from ..failures import describe_error
+from ..runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 
 logger = logging.getLogger("django_leasequeue.worker")
 
@@ -136,14 +137,13 @@ class Completer(Service):
             for ctx, _ in batch:
                 if ctx.job_id in done:
                     if report:
-                        signals.emit("succeeded", job_id=ctx.job_id, task=ctx.task, queue=ctx.queue,
-                                     attempt=ctx.attempt, token=ctx.lease_version)
+                        signals.emit("succeeded", **ctx_fields(ctx))
+                    attempt_ended(ctx, "succeeded")
                     continue
-                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
-                          "token": ctx.lease_version}
+                fields = ctx_fields(ctx)
                 if ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded
                     ctx.mark_cancel_requested()
-                    signals.emit("cancelled", **fields)
+                    end_attempt(ctx, "cancelled", **fields)
                 elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
                     continue
                 elif not ctx.lease_lost:  # a loss the heartbeat found was reported already
@@ -183,12 +183,11 @@ class Completer(Service):
                 if outcome is None:
                     continue  # the token moved on meanwhile: reported as a lost lease by flush()
                 failed.add(ctx.job_id)
-                fields = {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
-                          "token": ctx.lease_version, "error": error["type"]}
+                fields = {**ctx_fields(ctx), "error": error["type"]}
                 if outcome[0] == "cancelled":
-                    signals.emit("cancelled", **fields)
+                    end_attempt(ctx, "cancelled", **fields)
                 else:
-                    signals.emit("dead_lettered", message=error["message"], **fields)
+                    end_attempt(ctx, "dead_lettered", message=error["message"], **fields)
                 continue
             done.update(one)
             done.cancelled.update(one.cancelled)

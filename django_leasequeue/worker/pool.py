@@ -1,0 +1,387 @@
+"""The pool: the worker's handler threads and the table of the jobs it holds.
+
+A held job (:class:`InFlight`) is either prefetched (claimed, waiting for a thread) or running;
+a job whose handler returned stays held, its thread free, until the completer has written or
+refused its completion, so that its lease is renewed meanwhile. :class:`Pool` owns the threads,
+the held-jobs table and its lock, starts held jobs on free threads (never one whose lease may be
+gone or that was cancelled meanwhile), gives unstarted jobs back to ``ready`` and marks handlers
+past their task's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.backends.signals import connection_created
+
+from .. import registry, signals, store
+from ..conf import Settings
+from ..context import JobContext
+from ..executor import Executor, job_fields, with_reconnect
+from ..runtime import close_broken_connections
+from .completer import Completer
+
+logger = logging.getLogger("django_leasequeue.worker")
+
+# A prefetched job that no thread started within this many seconds is released back to ready.
+PREFETCH_RELEASE_AFTER = 1.0
+# Weight of the newest job in the moving average of job durations that sizes the prefetch.
+RUNTIME_EWMA_WEIGHT = 0.05
+
+
+# Whether the current thread ever opened a database connection. Job threads check (and close) broken
+# connections after each job only when their handlers used the database: the full check walks
+# Django's connection handler, several microseconds per job that no-op and non-database jobs skip.
+_thread_db = threading.local()
+
+
+def _note_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    _thread_db.used = True
+
+
+connection_created.connect(_note_connection, dispatch_uid="django_leasequeue.worker.thread_db")
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """A job held by this process (prefetched or running), as the heartbeat sees it."""
+
+    job: store.ClaimedJob
+    ctx: JobContext
+    lease: float
+    manual_heartbeat: bool
+    timeout: float | None  # the task's timeout in seconds, counted from the start of the handler
+    next_renewal: float
+    renew_every: float  # seconds between renewals
+    claimed_at: float  # monotonic
+    # Monotonic time until which the lease is surely ours: the claim's (or the last renewal's)
+    # time plus the lease. A held job is not started past it, less a margin (see Pool.run_job).
+    lease_valid_until: float = 0.0
+    deadline: float | None = None  # monotonic time of the task's timeout (set when started, thread mode)
+    started: bool = False  # a thread took it (False: prefetched, waiting for a thread)
+    timed_out: bool = False
+    # The handler returned and its completion is queued in the completer: the thread is free (not
+    # counted against the concurrency) but the lease is still renewed until the completion is
+    # written or refused, so no reaper takes back a job whose handler already returned.
+    completing: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def start_margin(lease: float) -> float:
+    """Seconds before the end of a held job's lease (by this process's clock) after which a
+    thread no longer starts it: a tenth of the lease, at most 1 s."""
+    return min(1.0, lease / 10)
+
+
+class Pool:
+    """The handler threads and the held-jobs table of one worker.
+
+    Args:
+        concurrency: number of handler threads.
+        execution: ``"thread"`` or ``"process"`` (each handler in a child process).
+        settings: validated settings (``HEARTBEAT_INTERVAL``).
+        alias: the database alias. worker_id: ``host:pid:name``.
+        wake: called when a freed thread (or a released job) should make the claim loop claim now.
+
+    The executor and the completer are attached with :meth:`bind` (each needs the pool's
+    callbacks when it is built).
+    """
+
+    executor: Executor
+    completer: Completer
+
+    def __init__(self, *, concurrency: int, execution: str, settings: Settings, alias: str, worker_id: str,
+                 wake: Callable[[], None]) -> None:
+        self.concurrency = concurrency
+        self.execution = execution
+        self.settings = settings
+        self.alias = alias
+        self.worker_id = worker_id
+        self.wake = wake
+        self.lock = threading.Lock()
+        self.inflight: dict[int, InFlight] = {}
+        self.tasks: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        # Set by the claim loop under the lock: it found every thread busy, so a finishing job
+        # wakes it once no more than ``refill_at`` jobs are held.
+        self.saturated = False
+        self.refill_at = concurrency - 1
+        self.avg_runtime: float | None = None  # moving average of handler durations, seconds
+        self.completing = 0  # held jobs whose handler returned, completion not yet written
+        self.prefetch_released = 0
+
+    def bind(self, *, executor: Executor, completer: Completer) -> None:
+        """Attach the executor that runs the held jobs and the completer that writes their success."""
+        self.executor = executor
+        self.completer = completer
+
+    # -- the held-jobs table ----------------------------------------------------------------------
+    def submit_completion(self, ctx: JobContext, result_json: str | None) -> None:
+        """The executor's success path: keep the job held (renewed by the heartbeat, no longer
+        counted against the concurrency) until the completer has written or refused it."""
+        with self.lock:
+            item = self.inflight.get(ctx.job_id)
+            if item is not None and item.ctx is ctx and not item.completing:
+                item.completing = True
+                item.deadline = None  # the handler returned: its timeout no longer applies
+                self.completing += 1
+        self.completer.submit(ctx, result_json)
+
+    def completions_settled(self, contexts: Sequence[JobContext]) -> None:
+        """The completer decided these completions: stop holding their jobs."""
+        with self.lock:
+            for ctx in contexts:
+                item = self.inflight.get(ctx.job_id)
+                if item is not None and item.ctx is ctx and item.completing:
+                    self.forget_locked(item)
+
+    def forget(self, item: InFlight) -> None:
+        """Drop ``item`` from the held jobs; no-op if it is not held."""
+        with self.lock:
+            self.forget_locked(item)
+
+    def forget_locked(self, item: InFlight) -> None:
+        """Drop ``item`` from the held jobs (caller holds ``lock``); no-op if it is not held."""
+        if self.inflight.get(item.job.id) is item:
+            del self.inflight[item.job.id]
+            if item.completing:
+                self.completing -= 1
+
+    def busy_locked(self) -> int:
+        """Held jobs that occupy a thread or wait for one (caller holds ``lock``): returned jobs
+        waiting for their completion to be written do not."""
+        return len(self.inflight) - self.completing
+
+    def inflight_snapshot(self) -> list[InFlight]:
+        """The held jobs (running and prefetched), for the heartbeat."""
+        with self.lock:
+            return list(self.inflight.values())
+
+    def holds(self, item: InFlight) -> bool:
+        """True while ``item`` is in the held list (running or prefetched, not let go of)."""
+        with self.lock:
+            return self.inflight.get(item.job.id) is item
+
+    def free_slots(self) -> int:
+        """Threads not running a job and not promised to a prefetched one."""
+        with self.lock:
+            return self.concurrency - self.busy_locked()
+
+    def renewal_interval(self, lease: float) -> float:
+        """Seconds between heartbeats of a job with this lease: lease/3, or ``HEARTBEAT_INTERVAL``
+        when that is shorter (it also bounds how late a running handler learns of a cancel)."""
+        return min(lease / 3, self.settings.heartbeat_interval)
+
+    def hold(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
+        """Wrap a claimed job for the pool and the heartbeat (the caller adds it to ``inflight``
+        under ``lock`` and queues it with :meth:`dispatch`)."""
+        # Renew by the lease the claim granted (the row's lease_seconds, else the worker default),
+        # never by the task's declared lease: using(lease=...) stores another value in the row, and
+        # renewing every declared/3 seconds would let a shorter granted lease expire in between.
+        lease = job.lease_seconds
+        try:
+            spec = registry.get_task(job.task)
+            timeout, manual = spec.timeout, spec.manual_heartbeat
+        except Exception:
+            timeout, manual = None, False
+        # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
+        # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
+        renew_every = self.renewal_interval(lease)
+        ctx = context_class(job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempts,
+                            max_attempts=job.max_attempts, lease_version=job.lease_version,
+                            worker_id=self.worker_id, leased_until=job.leased_until, lease_seconds=lease,
+                            alias=self.alias, claim=job)
+        now = time.monotonic()
+        return InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual, timeout=timeout,
+                        next_renewal=now + renew_every, renew_every=renew_every, claimed_at=now,
+                        lease_valid_until=now + lease)
+
+    def track(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
+        """Build the :class:`JobContext` of a claimed job and add it to the held jobs (the
+        heartbeat renews it from now on); return its :class:`InFlight` record."""
+        item = self.hold(job, context_class)
+        with self.lock:
+            self.inflight[job.id] = item
+        return item
+
+    def dispatch(self, item: InFlight) -> None:
+        """Queue a held job for the next free thread."""
+        self.tasks.put(item)
+
+    def _wake_if_refill_locked(self) -> bool:
+        """True when the claim loop, saturated, should claim again now (caller holds ``lock``)."""
+        return self.saturated and self.busy_locked() <= self.refill_at
+
+    # -- timeouts ---------------------------------------------------------------------------------
+    def abandon(self, item: InFlight) -> None:
+        """Mark a running job whose handler passed its task's timeout as timed out (thread mode).
+
+        The handler cannot be stopped, so it keeps its slot (it counts against ``concurrency``
+        until it returns) and the job stays leased and renewed by this worker; a ``timed_out``
+        entry in the job's history records the attempt as timed out meanwhile (monitoring counts
+        these as stuck handlers). When the handler returns, the executor records the attempt as a
+        :class:`~django_leasequeue.exceptions.JobTimedOut` failure. Does nothing when the handler
+        returned first."""
+        if not item.ctx.time_out():
+            return
+        item.timed_out = True
+        logger.warning("job %s: attempt %s ran past its task's timeout of %s s; the handler cannot be stopped "
+                       "in thread mode, so its lease is kept until it returns", item.job.id, item.job.attempts,
+                       item.timeout)
+        try:
+            store.job_note_timed_out(item.job.id, item.job.lease_version, worker=self.worker_id,
+                                     timeout=float(item.timeout or 0), alias=self.alias)
+        except DatabaseError:
+            logger.exception("job %s: could not record the timeout in its history", item.job.id)
+            close_broken_connections()
+
+    def stuck(self) -> list[InFlight]:
+        """The held jobs whose handler is past its task's timeout and still running (thread mode)."""
+        with self.lock:
+            return [i for i in self.inflight.values() if i.timed_out]
+
+    # -- giving jobs back -------------------------------------------------------------------------
+    def release_unstarted(self, older_than: float | None = None) -> int:
+        """Release prefetched jobs that no thread has started (all of them, or those claimed more
+        than ``older_than`` seconds ago) back to ``ready``: fenced, token bumped, not an attempt.
+
+        Returns:
+            The number of jobs released.
+        """
+        now = time.monotonic()
+        with self.lock:
+            items = [i for i in self.inflight.values()
+                     if not i.started and (older_than is None or now - i.claimed_at > older_than)]
+            for item in items:  # the threads skip them when they reach them in the queue
+                del self.inflight[item.job.id]
+        if not items:
+            return 0
+        reason = "worker shutdown" if older_than is None else "prefetched job not started in time"
+        released = self.release(*items, reason=reason)
+        if older_than is not None and released:
+            # No thread freed up for ``older_than`` seconds: the durations that sized the prefetch
+            # are out of date. Prefetch nothing until a job finishes, or the wake below would
+            # claim the same number again at once, to release them again a second later (a
+            # token bump and a history entry per job per second, held away from idle workers).
+            self.avg_runtime = None
+        return released
+
+    def release(self, *items: InFlight, reason: str) -> int:
+        """Give held, unstarted jobs (already out of the held list) back to ``ready``: fenced,
+        token bumped, not an attempt. On a database error they are held again. Returns how many
+        the database released."""
+        try:
+            released = with_reconnect(lambda: store.job_release([(i.job.id, i.job.lease_version) for i in items],
+                                                                reason=reason, alias=self.alias))
+        except DatabaseError:
+            # Still ours: hold them again, so that the heartbeat keeps renewing them and a later
+            # round releases them (dropped, they would expire and each be charged a LeaseExpired
+            # attempt without having run). A thread that met one in the meantime skipped it.
+            with self.lock:
+                for item in items:
+                    self.inflight.setdefault(item.job.id, item)
+            logger.exception("could not release %d prefetched job(s); still holding them", len(items))
+            return 0
+        for item in items:
+            if item.job.id in released:
+                signals.emit("released", reason=reason, **job_fields(item.job))
+        self.prefetch_released += len(released)
+        self.wake()
+        return len(released)
+
+    # -- threads ----------------------------------------------------------------------------------
+    def start_threads(self) -> None:
+        """Start the ``concurrency`` handler threads."""
+        for _ in range(self.concurrency):
+            thread = threading.Thread(target=self._thread_main, name=f"leasequeue-job-{len(self.threads)}",
+                                      daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def stop_threads(self) -> None:
+        """Ask every handler thread to exit once it has finished its current job."""
+        for _ in self.threads:
+            self.tasks.put(None)
+
+    def _thread_main(self) -> None:
+        try:
+            get = self.tasks.get
+            while True:
+                item = get()
+                if item is None:
+                    return
+                if self.run_job(item):
+                    return
+        finally:
+            # This thread's connections would otherwise stay open until the process exits (an
+            # in-process worker, e.g. in tests, then keeps sessions on the database after it stopped).
+            connections.close_all()
+
+    def run_job(self, item: InFlight) -> bool:
+        """Run one held job on this thread. Returns True when this thread must retire."""
+        with self.lock:
+            if self.inflight.get(item.job.id) is not item:
+                return False  # released (prefetched job not started in time, or shutdown)
+            # Held but not started: the heartbeat may have learnt meanwhile that the lease is gone
+            # (another worker may run the job now) or that an operator cancelled it. Never start
+            # the handler then; a cancelled job ends cancelled at once (nothing ran).
+            stale = item.ctx.lease_lost or item.ctx.cancel_requested
+            # Nor when it is too late by this process's own clock: it waited past the release
+            # bound (PREFETCH_RELEASE_AFTER; the process was frozen, e.g. SIGSTOP), or its lease
+            # may have run out (a heartbeat starved of CPU could not yet report the loss), so
+            # another worker could be running it. Give it back instead (a fenced release: if the
+            # lease did run out, it writes nothing and the reaper takes the job back).
+            now = time.monotonic()
+            too_late = not stale and (now - item.claimed_at > PREFETCH_RELEASE_AFTER
+                                      or now > item.lease_valid_until - start_margin(item.lease))
+            if stale or too_late:
+                del self.inflight[item.job.id]
+            else:
+                item.started = True
+        if too_late:
+            self.release(item, reason="too late to start the job (lease may be gone)")
+            return False
+        if stale:
+            self._drop_unstarted(item)
+            return False
+        started = time.monotonic()
+        child = self.execution == "process"
+        if item.timeout and not child:  # in process mode the executor enforces the timeout itself
+            item.deadline = started + item.timeout
+        try:
+            self.executor.run(item.job, item.ctx, child=child)
+        except BaseException:  # noqa: BLE001 - never lose a handler thread
+            logger.exception("job %s: worker error outside the handler", item.job.id)
+        finally:
+            if getattr(_thread_db, "used", False):
+                close_broken_connections()
+            runtime = time.monotonic() - started
+            avg = self.avg_runtime
+            self.avg_runtime = runtime if avg is None else avg + RUNTIME_EWMA_WEIGHT * (runtime - avg)
+            with self.lock:
+                if not item.completing:  # a returned job stays held until its completion is written
+                    self.forget_locked(item)
+                wake = self._wake_if_refill_locked()
+            if wake:
+                self.wake()
+        return False
+
+    def _drop_unstarted(self, item: InFlight) -> None:
+        """A held job that will not be started (lease lost, or cancel requested): record the
+        cancel (fenced; a lost lease was already reported by the heartbeat) and free its slot."""
+        if not item.ctx.lease_lost:
+            try:
+                self.executor.cancel_unstarted(item.job, item.ctx)
+            except DatabaseError:
+                logger.exception("job %s: could not record its cancel; the lease will expire", item.job.id)
+        with self.lock:
+            wake = self._wake_if_refill_locked()
+        if wake:
+            self.wake()

@@ -1,0 +1,117 @@
+"""The producer: the worker's claim loop, with prefetch and throttling.
+
+Each round claims up to as many jobs as the pool has free threads, in one statement, and hands
+them to the pool. When recent jobs were short it also *prefetches*: it claims a few more jobs than
+free threads, as many as the threads are expected to start within ``PREFETCH_WAIT`` seconds (at
+most ``PREFETCH_MAX``), so that a busy worker claims in batches instead of one statement per freed
+thread. When a queue's rate limit is used up it waits until the window frees (no retry loop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from .. import signals, store
+from .pool import Pool
+
+# Added to a rate-limit wait: the window is closed, so a claim exactly at the boundary still counts.
+THROTTLE_MARGIN = 0.005
+
+
+class Producer:
+    """Claims jobs for a :class:`~django_leasequeue.worker.pool.Pool`.
+
+    Args:
+        pool: the pool the claimed jobs are handed to.
+        queues: queue names to claim from, or None for every queue.
+        lease: seconds, the lease of jobs whose task sets none.
+        poll_interval: seconds; a throttled claim waits no longer than this.
+        worker_id: ``host:pid:name``, recorded as the jobs' holder. alias: the database alias.
+        prefetch_wait: seconds of expected queueing a prefetched job may face (0: no prefetch).
+        prefetch_max: most jobs held beyond the threads.
+        tasks: returns the task names to claim (the worker's registered tasks).
+    """
+
+    def __init__(self, *, pool: Pool, queues: Sequence[str] | None, lease: float, poll_interval: float,
+                 worker_id: str, alias: str, prefetch_wait: float, prefetch_max: int,
+                 tasks: Callable[[], list[str]]) -> None:
+        self.pool = pool
+        self.queues = queues
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.worker_id = worker_id
+        self.alias = alias
+        self.prefetch_wait = prefetch_wait
+        self.prefetch_max = prefetch_max
+        self.tasks = tasks
+        self.claimed = 0
+        self.throttled = 0  # claims cut short by a queue rate limit
+        self._throttled_until = 0.0
+        # The last claim got fewer jobs than free slots: a written completion may free a
+        # concurrency-key slot that it found full, so claim again then rather than a poll later.
+        self.short_claim = False
+        # The last round claimed nothing and the pool holds no job.
+        self.drained = False
+
+    def prefetch_allowance(self) -> int:
+        """How many jobs to hold beyond the threads: as many as the threads are expected to start
+        within ``prefetch_wait`` seconds, by the moving average of recent job durations (Little's
+        law), at most ``prefetch_max``. 0 until jobs have been timed, and for slow jobs."""
+        avg = self.pool.avg_runtime
+        if avg is None or self.prefetch_wait <= 0 or self.prefetch_max <= 0:
+            return 0
+        return min(self.prefetch_max, int(self.pool.concurrency * self.prefetch_wait / max(avg, 1e-6)))
+
+    def claim(self) -> float | None:
+        """Claim one batch and hand it to the pool.
+
+        Returns:
+            Seconds to wait before the next round: 0.0 after a claim that got jobs, the rest of a
+            rate-limit window; None when the pool is saturated or nothing was due (the worker
+            waits its idle wait; :attr:`drained` tells whether the pool is empty too).
+        """
+        self.drained = False
+        now = time.monotonic()
+        if now < self._throttled_until:
+            # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
+            # (and be refused) again before the window frees.
+            return self._throttled_until - now
+        pool = self.pool
+        extra = self.prefetch_allowance()
+        with pool.lock:
+            held = pool.busy_locked()
+            # Without prefetch: claim as soon as one thread is free. With it: once half the
+            # prefetched jobs were taken, so each claim brings a batch, not one job per freed thread.
+            pool.refill_at = pool.concurrency - 1 + extra // 2
+            if held > pool.refill_at:
+                # Decided under the lock, so a job finishing right now sees the flag and wakes us.
+                pool.saturated = True
+                return None
+            want = pool.concurrency + extra - held
+        jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
+                               alias=self.alias, tasks=self.tasks())
+        for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
+            signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
+        self.claimed += len(jobs)
+        items = [pool.hold(job) for job in jobs]
+        with pool.lock:
+            for item in items:
+                pool.inflight[item.job.id] = item
+            pool.saturated = len(jobs) >= want
+            idle = not pool.inflight
+        for item in items:
+            pool.dispatch(item)
+        self.short_claim = len(jobs) < want
+        wait = jobs.throttle_wait
+        if wait is not None and len(jobs) < want:
+            # Throttled: sleep until the oldest claim leaves the window (capped by the poll
+            # interval, so other queues of this worker wait no longer than polling would make them).
+            self.throttled += 1
+            delay = min(self.poll_interval, wait + THROTTLE_MARGIN)
+            self._throttled_until = time.monotonic() + delay
+            return delay
+        if jobs:
+            return 0.0
+        self.drained = idle
+        return None

@@ -1,0 +1,348 @@
+"""The worker service: composes the pool, producer, heartbeat, completer, reaper and listener.
+
+:class:`WorkerService` is one :class:`~django_leasequeue.runtime.Service` whose loop is the
+producer's claim loop (:mod:`.producer`), feeding the handler threads of the pool (:mod:`.pool`).
+It starts and stops the others: the heartbeat (:mod:`.heartbeat`), the completer that writes
+successful completions in batches (:mod:`.completer`), and the LISTEN wake-ups
+(:class:`~django_leasequeue.notify.Listener`). Unless ``reap=False`` it sweeps expired leases with
+a composed :class:`~django_leasequeue.reaper.ReaperService` every ``REAPER_INTERVAL``, so that one
+process suffices; the worker writes its own pending completions before each sweep, so that no job
+whose handler returned is reaped and run again because its completion was still queued.
+
+A prefetched job is leased and heartbeated like a running one; if no thread starts it within
+``PREFETCH_RELEASE_AFTER`` seconds (a long job got in the way) it is released back to ``ready`` at
+once (token bumped, not an attempt) for other workers; no thread starts it later than that, nor
+once its lease is known lost (the process was frozen, say). The claim loop sleeps until a NOTIFY,
+freed threads (only when it was saturated) or the poll interval.
+
+A handler past its task's ``timeout`` cannot be stopped in thread mode: the attempt is marked
+timed out (a ``timed_out`` history entry), but the job stays leased and renewed and the handler
+keeps its thread's slot until it returns, so neither the job's retry nor another job under the
+same concurrency key starts beside it; when it returns the attempt fails as ``JobTimedOut``. Once
+``STUCK_HANDLERS_MAX`` handlers are stuck (default: all threads), or one is stuck
+``STUCK_EXIT_AFTER`` seconds past its timeout, the worker stops gracefully and exits with status
+:data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs each handler in
+a child process killed at its timeout instead.
+
+Graceful stop (SIGTERM): stop claiming, let running jobs finish up to ``SHUTDOWN_GRACE`` seconds,
+flush completions, then release the leases still held (back to ready at once, token bumped, not a
+failed attempt). Several workers on any number of hosts are safe: claims use ``SKIP LOCKED`` and
+every later write is fenced on the token.
+
+Events emitted: claimed, succeeded, retried, dead_lettered, lease_lost, released, snoozed,
+cancelled (see :mod:`signals`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError
+
+from .. import registry, signals, store
+from ..conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
+from ..executor import Executor, with_reconnect
+from ..notify import Listener
+from ..processes import RegisteredService, make_process_id
+from ..reaper import ReaperService
+from .completer import Completer
+from .heartbeat import HeartbeatService
+from .pool import InFlight, Pool
+from .producer import Producer
+
+logger = logging.getLogger("django_leasequeue.worker")
+
+#: Exit status of a worker that stopped because of handlers stuck past their timeout (thread mode).
+EXIT_STUCK = 3
+
+
+def make_worker_id(name: str | None = None) -> str:
+    """Return ``host:pid:name`` (a random name when none is given)."""
+    return make_process_id(name or uuid.uuid4().hex[:8])
+
+
+def stuck_jobs_outcome(job_ids: list[int]) -> str:
+    """What happens to the jobs of stuck handlers when their worker exits, for its log line.
+
+    Args:
+        job_ids: the jobs' ids (one or more).
+
+    Returns:
+        ``"job 9 fails as JobTimedOut and is retried"`` for one id, ``"jobs 9, 10 fail as
+        JobTimedOut and are retried"`` for several ("retried" covers a dead letter on the last
+        attempt, as for any failure).
+    """
+    ids = ", ".join(str(i) for i in job_ids)
+    if len(job_ids) == 1:
+        return f"job {ids} fails as JobTimedOut and is retried"
+    return f"jobs {ids} fail as JobTimedOut and are retried"
+
+
+class WorkerService(RegisteredService):
+    """Claims and runs jobs. See the module docstring.
+
+    Args:
+        queues: queue names to serve, or None for every queue.
+        concurrency: number of handler threads.
+        lease: default lease in seconds for jobs whose task sets none, in (0, 7 days]; None: the setting.
+        poll_interval: seconds between claims when idle and no notification arrives.
+        burst: stop once no due job is left and nothing is running.
+        worker_name: the last part of the worker id (``host:pid:name``).
+        notify: listen for enqueue notifications (None: the ``NOTIFY`` setting).
+        reap: run the reaper's sweep in this process.
+        prefetch_wait: seconds of expected queueing a prefetched job may face (None: the
+            ``PREFETCH_WAIT`` setting; 0 disables prefetching).
+        prefetch_max: most jobs held beyond the threads (None: the ``PREFETCH_MAX`` setting).
+        execution: ``"thread"`` or ``"process"`` (None: the ``EXECUTION`` setting).
+
+    Raises:
+        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], a queue name
+            outside the grammar of :func:`~django_leasequeue.conf.queue_name_problem`, or an unknown
+            ``execution``.
+    """
+
+    name = "worker"
+    kind = "worker"
+
+    def __init__(self, *, queues: Sequence[str] | None = None, concurrency: int = 4, lease: float | None = None,
+                 poll_interval: float | None = None, burst: bool = False, worker_name: str | None = None,
+                 notify: bool | None = None, reap: bool = True, settings: Settings | None = None,
+                 prefetch_wait: float | None = None, prefetch_max: int | None = None,
+                 execution: str | None = None) -> None:
+        super().__init__()
+        self.settings = settings or get_settings()
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if isinstance(queues, str):
+            raise ValueError(f"queues must be a list of queue names or None, got the str {queues!r}")
+        self.queues = list(queues) if queues is not None else None
+        for name in self.queues or ():
+            problem = queue_name_problem(name, "queue")
+            if problem:
+                raise ValueError(problem)
+        self.concurrency = concurrency
+        problem = check_lease_seconds(lease, "lease") if lease is not None else None
+        if problem:
+            raise ValueError(problem)
+        self.lease = float(lease if lease is not None else self.settings.lease)
+        self.poll_interval = float(poll_interval or self.settings.poll_interval)
+        self.burst = burst
+        self.worker_id = make_worker_id(worker_name)
+        self.process_id = self.worker_id
+        self.alias = store.db_alias()
+        self.reap = reap
+        self.prefetch_wait = float(self.settings.prefetch_wait if prefetch_wait is None else prefetch_wait)
+        self.prefetch_max = int(self.settings.prefetch_max if prefetch_max is None else prefetch_max)
+        # No prefetch from rate-limited queues: the limit counts claims, and a prefetched job would
+        # use the allowance before a thread is free to run it (and may be released unrun).
+        if any(self.queues is None or q in self.queues for q in self.settings.rate_limits):
+            self.prefetch_max = 0
+        self._next_reap = 0.0
+        # "thread" or "process" (EXECUTION): in process mode each handler runs in a child process.
+        self.execution = execution or self.settings.execution
+        if self.execution not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {self.execution!r}")
+        self.pool = Pool(concurrency=concurrency, execution=self.execution, settings=self.settings,
+                         alias=self.alias, worker_id=self.worker_id, wake=self.wake)
+        self.completer = Completer(alias=self.alias, on_flush=self._after_completions,
+                                   synchronous_commit=not self.settings.async_completions,
+                                   on_settled=self.pool.completions_settled,
+                                   retry_cap=lambda: self.heartbeat.error_backoff_max)
+        self.executor = Executor(worker_id=self.worker_id, settings=self.settings, alias=self.alias,
+                                 complete=self.pool.submit_completion)
+        self.pool.bind(executor=self.executor, completer=self.completer)
+        self.producer = Producer(pool=self.pool, queues=self.queues, lease=self.lease,
+                                 poll_interval=self.poll_interval, worker_id=self.worker_id, alias=self.alias,
+                                 prefetch_wait=self.prefetch_wait, prefetch_max=self.prefetch_max,
+                                 tasks=self.claim_tasks)
+        self.heartbeat = HeartbeatService(pool=self.pool, lease=self.lease, alias=self.alias,
+                                          check_stuck=self.check_stuck, beat_process=self.beat)
+        self.reaper = ReaperService(interval=self.settings.reaper_interval, settings=self.settings,
+                                    process_id=self.worker_id, alias=self.alias,
+                                    before_sweep=self._flush_before_sweep)
+        use_notify = self.settings.notify if notify is None else notify
+        self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
+        self.exit_code = 0  # EXIT_STUCK once stopped because of stuck handlers
+        # Set along with stop() when the worker decides to exit (run_services' stop_when), so
+        # that the other services of the process stop too.
+        self.exit_event: threading.Event | None = None
+
+    @property
+    def claimed(self) -> int:
+        """Jobs claimed since start."""
+        return self.producer.claimed
+
+    def _after_completions(self) -> None:
+        if self.producer.short_claim:
+            self.wake()
+
+    def _flush_before_sweep(self) -> None:
+        """Write this worker's own completions before its reaper sweeps: after an outage its
+        returned jobs' leases may have run out by the clock, and the sweep must find them done, not
+        expired. A failed flush (the database is still away) raises and so skips this sweep."""
+        if self.completer.pending:
+            self.completer.flush()
+
+    def stuck(self) -> list[InFlight]:
+        """The held jobs whose handler is past its task's timeout and still running (thread mode)."""
+        return self.pool.stuck()
+
+    def check_stuck(self, now: float) -> bool:
+        """Stop the worker (exit status :data:`EXIT_STUCK`) when its stuck handlers reach
+        ``STUCK_HANDLERS_MAX`` (default: all threads) or one is stuck ``STUCK_EXIT_AFTER`` seconds
+        past its timeout. ``now`` is ``time.monotonic()``. Returns True when it asked to stop."""
+        stuck = self.stuck()
+        if not stuck or self.exit_code:
+            return False
+        bound = self.settings.stuck_handlers_max or self.concurrency
+        longest = max(now - (i.deadline or now) for i in stuck)
+        after = self.settings.stuck_exit_after
+        if len(stuck) >= bound:
+            why = ("1 handler stuck past its timeout" if len(stuck) == 1
+                   else f"{len(stuck)} handlers stuck past their timeout") + f" (STUCK_HANDLERS_MAX: {bound})"
+        elif after is not None and longest >= after:
+            why = f"a handler stuck {longest:.0f} s past its timeout (STUCK_EXIT_AFTER: {after:g} s)"
+        else:
+            return False
+        logger.error("worker %s: %s; stopping gracefully with exit status %d so that its supervisor restarts it "
+                     "(%s)", self.worker_id, why, EXIT_STUCK, stuck_jobs_outcome([i.job.id for i in stuck]))
+        self.exit_code = EXIT_STUCK
+        if self.exit_event is not None:
+            self.exit_event.set()
+        self.stop()
+        return True
+
+    # -- service --------------------------------------------------------------------------------
+    # The task names this worker registered (None until register()): recorded in its registry row
+    # and passed to every claim, so it leases only jobs it can run (rolling deploys).
+    task_names: list[str] | None = None
+
+    def registration(self) -> dict[str, Any]:
+        """The registry row's queues, concurrency and the task names this worker can run now."""
+        self.task_names = registry.known_task_names()
+        return {"queues": self.queues, "concurrency": self.concurrency, "tasks": self.task_names}
+
+    def claim_tasks(self) -> list[str]:
+        """The task names to claim: every task registered in this process now. A task registered
+        after start (a module imported late) is recorded in the registry row first, so no job of
+        it is claimed before the row says this worker knows it."""
+        known = registry.known_task_names()
+        if self.task_names is not None and known != self.task_names:
+            self.register()
+        return known
+
+    def on_start(self) -> None:
+        registry.autodiscover()
+        self.pool.start_threads()
+        self.register()
+        self.completer.start()
+        self.heartbeat.start()
+        if self.listener is not None:
+            self.listener.start()
+        logger.info("worker %s started: queues=%s concurrency=%s lease=%ss", self.worker_id,
+                    self.queues or "*", self.concurrency, self.lease)
+
+    def run_once(self) -> float:
+        now = time.monotonic()
+        if self.reap and now >= self._next_reap:
+            self._next_reap = now + self.settings.reaper_interval
+            self.reaper.sweep()
+            self.reaper.prune_processes_due(now)
+        delay = self.producer.claim()
+        if delay is not None:
+            return delay
+        if self.burst and self.producer.drained and not self.completer.pending:
+            self.stop()
+            return 0.0
+        return self._idle_wait()
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait before the next claim: the poll interval, cut short by the next reaper
+        sweep. Without the cut a worker polling every 30 s (it relies on NOTIFY) would also reap
+        only every 30 s, and a dead peer's jobs would wait that long beyond their lease."""
+        if not self.reap:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
+
+    def on_stop(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()
+        # Prefetched jobs that no thread started go back at once; running ones get the grace period.
+        self.pool.release_unstarted()
+        deadline = time.monotonic() + self.settings.shutdown_grace
+        while time.monotonic() < deadline:
+            with self.pool.lock:
+                if not self.pool.inflight:  # returned jobs too: their completions are being written
+                    break
+            time.sleep(0.05)
+        self.completer.stop()
+        self.completer.join()
+        with self.pool.lock:
+            # Returned jobs whose completion is still queued are not released (that would run them
+            # again): the flush below writes them, or their lease expires.
+            held = [i for i in self.pool.inflight.values() if not i.completing]
+        if self.execution == "process":
+            # Children still running after the grace period are killed before their jobs are
+            # released, so no handler runs on beside the next attempt. (Read the held jobs first:
+            # a killed child's thread lets go of its job at once, and the release must see it.)
+            self.executor.kill_children()
+        leftover = [i for i in held if not i.timed_out]
+        # A handler that returned after the completer's final flush (the grace period ran out as it
+        # finished) submitted its success to the stopped completer and left the running list, so it
+        # is not released below either: write those completions now. Every job missing from
+        # ``leftover`` has finished, so its completion is queued by now. A completion that races
+        # this flush for a job in ``leftover`` is harmless: written first, the release skips the
+        # done job; released first, the completion is refused by the token.
+        try:
+            self.completer.flush()
+        except DatabaseError:
+            logger.exception("could not write the last completions; those jobs will be retried after their lease")
+        for item in held:
+            if item.timed_out:
+                # Stuck past its timeout: the attempt fails as timed out now (retried after backoff,
+                # or dead-lettered), never refunded; the thread dies with the process. The retry
+                # waits at least one lease, as a killed worker's job would: the stuck handler still
+                # runs until this process is gone, after the rest of this stop.
+                try:
+                    self.executor.record_timeout(item.job, item.ctx, (
+                        f"attempt {item.job.attempts} ran past the task's timeout of {item.timeout:g} s and was "
+                        f"still running when worker {self.worker_id} stopped"), min_delay=item.lease)
+                except DatabaseError:
+                    logger.exception("job %s: could not record its timeout; the lease will expire", item.job.id)
+        # A handler that had started was interrupted: its attempt is refunded, up to
+        # MAX_INTERRUPTIONS times (then the job is dead-lettered as Interrupted). One that never
+        # started (prefetched) did not run: released freely.
+        for interrupted in (True, False):
+            batch = [(i.job.id, i.job.lease_version) for i in leftover if i.started is interrupted]
+            if not batch:
+                continue
+            try:
+                released = with_reconnect(functools.partial(
+                    store.job_release, batch, interrupted=interrupted,
+                    max_interruptions=self.settings.max_interruptions, alias=self.alias))
+                for job_id in released:
+                    if job_id in released.dead:
+                        signals.emit("dead_lettered", job_id=job_id, error="Interrupted",
+                                     message="interrupted more than MAX_INTERRUPTIONS times")
+                    else:
+                        signals.emit("released", job_id=job_id, reason="worker shutdown")
+                logger.info("released %d job(s) still running after the %.0f s grace period",
+                            len(released), self.settings.shutdown_grace)
+            except DatabaseError:
+                logger.exception("could not release leases; they will expire and be reaped")
+        self.heartbeat.stop()
+        self.heartbeat.join()
+        self.pool.stop_threads()
+        try:
+            self.deregister()
+        except DatabaseError:
+            logger.exception("could not deregister worker %s", self.worker_id)
+        if self.listener is not None:
+            self.listener.join(2.0)
+        logger.info("worker %s stopped (claimed %d)", self.worker_id, self.producer.claimed)

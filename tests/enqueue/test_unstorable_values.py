@@ -199,7 +199,7 @@ def test_runworker_refuses_a_lease_outside_0_to_7_days(lease):
 
 @pytest.mark.parametrize("lease", [0, -1.0, math.nan, math.inf, 604801])
 def test_worker_service_refuses_a_lease_outside_0_to_7_days(lease):
-    """``lease=0`` used to fall back to the setting silently (``lease or setting``)."""
+    """``lease=0`` is refused, not replaced by the setting (``lease or setting``)."""
     with pytest.raises(ValueError, match=r"lease must be a number of seconds in \(0, 604800\]"):
         WorkerService(lease=lease)
     assert WorkerService(lease=604800).lease == 604800.0

@@ -58,7 +58,7 @@ def test_run_at_past_year_9999_in_utc_raises_before_the_insert_in_autocommit():
     with CaptureQueriesContext(connection) as queries, pytest.raises(EnqueueError, match="outside the range"):
         enqueue(record, ["x"], run_at=PAST_9999)
     assert queries.captured_queries == []
-    assert Job.objects.count() == 0  # main: 1 row committed by the call that raised DataError
+    assert Job.objects.count() == 0
 
 
 ENQUEUE_PATHS = [
@@ -262,7 +262,7 @@ def test_the_handlers_own_error_is_recorded_whatever_the_backoff_does(backoff, d
     registry.register_task(registry.TaskSpec(func=_fails, name=name, max_attempts=3, backoff=backoff))
     job = enqueue(name)
     (claimed,) = claim()
-    assert run_claimed(claimed) == "ready"  # main: the backoff's error escaped; the job stayed leased
+    assert run_claimed(claimed) == "ready"
     row = Job.objects.get(pk=job.pk)
     assert row.status == "ready" and row.leased_until is None and len(row.errors) == 1
     assert (row.errors[0]["type"], row.errors[0]["message"]) == ("builtins.RuntimeError", "the handler's own error")
@@ -278,7 +278,7 @@ def test_an_error_whose_str_raises_system_exit_is_recorded_as_itself():
     registry.register_task(registry.TaskSpec(func=_fails_with_str_system_exit, name=name, max_attempts=1))
     job = enqueue(name)
     (claimed,) = claim()
-    assert run_claimed(claimed) == "dead"  # main: SystemExit escaped; the reaper would record LeaseExpired
+    assert run_claimed(claimed) == "dead"
     (error,) = Job.objects.get(pk=job.pk).errors
     assert error["type"] == f"{__name__}._StrRaisesSystemExit"
     assert error["message"] == "<unprintable _StrRaisesSystemExit>"

@@ -138,9 +138,8 @@ def test_save_racing_a_tick_never_rewinds_the_scheduler():
         emitted.extend(following.tick(now=z(2026, 2, 1, 10, 0, second)).emitted)
         prune_finished()
     row = Schedule.objects.get(pk=schedule.pk)
-    # main: emitted [10:00 (during the save), 10:00 (again, after the prune)]: the save wrote back
-    # last NULL / next 10:00. Here the racing tick skips the row the save holds locked, and the
-    # next tick emits 10:00 once.
+    # The racing tick skips the row the save holds locked (the save never writes the bookkeeping
+    # back), and the next tick emits 10:00 once.
     assert emitted == [(schedule.pk, z(2026, 2, 1, 10))]
     assert (row.priority, row.last_occurrence_at, row.next_occurrence_at) == (
         5, z(2026, 2, 1, 10), z(2026, 2, 1, 11))

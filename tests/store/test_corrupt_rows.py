@@ -45,7 +45,7 @@ def test_a_corrupt_row_in_a_claimed_batch_is_dead_lettered_and_the_rest_runs(ass
     innocent = [record.using(max_attempts=1).enqueue(f"innocent-{i}") for i in range(3)]
     corrupt = record.using(max_attempts=1, priority=10).enqueue("corrupt")  # first in claim order
     _poison(corrupt.pk, assignment)
-    claimed = claim(limit=10, worker_id="h:1:w")  # main: ValueError after the claim; 4 jobs left leased
+    claimed = claim(limit=10, worker_id="h:1:w")
     assert sorted(c.id for c in claimed) == sorted(j.pk for j in innocent)
     row = Job.objects.get(pk=corrupt.pk)
     assert (row.status, row.attempts, row.lease_version, row.leased_until) == ("dead", 1, 1, None)
@@ -81,8 +81,8 @@ def test_a_corrupt_row_is_dead_lettered_on_its_new_token_only():
     "leased_until = '9999-12-31 12:00+00'", "errors = '{}'", "history = 'null'",
 ])
 def test_the_database_refuses_a_value_a_claim_cannot_compute_with(assignment):
-    # main: the UPDATE succeeds, and with lease_seconds = 1e300 every claim then failed ("interval
-    # out of range": 0 of 40 jobs ran in 60 s).
+    # A CHECK constraint refuses the value: with lease_seconds = 1e300 stored, every claim would fail
+    # ("interval out of range") and no job would run.
     job = record.enqueue("x")
     with pytest.raises(IntegrityError, match="violates check constraint \"leasequeue_job_"):
         with transaction.atomic():

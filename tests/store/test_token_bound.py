@@ -47,7 +47,7 @@ def test_a_ready_row_at_the_token_bound_fails_no_claim(token):
     innocent = [record.using(max_attempts=1).enqueue(f"innocent-{i}") for i in range(3)]
     poison = record.using(max_attempts=1, priority=10).enqueue("poison")  # first in claim order
     _poison(poison.pk, f"lease_version = {token}")  # accepted by the CHECK constraint
-    claimed = claim(limit=10, lease=3)  # main (at_bound): IntegrityError, for every claimer
+    claimed = claim(limit=10, lease=3)
     assert sorted(c.id for c in claimed) == sorted(j.pk for j in innocent)
     assert [run_claimed(c) for c in claimed] == ["done"] * 3
     row = Job.objects.get(pk=poison.pk)
@@ -63,7 +63,7 @@ def test_a_leased_row_at_the_token_bound_does_not_stop_the_reaper():
     _poison(held[0].id, f"lease_version = {BOUND}")  # a hand-written lease, expired below
     assert reaper.reap_once(settings=SETTINGS) == []  # records the sweep; nothing expired yet
     later = store.db_now() + timedelta(seconds=60)
-    reaped = reaper.reap_once(now=later, settings=SETTINGS)  # main: IntegrityError, every sweep
+    reaped = reaper.reap_once(now=later, settings=SETTINGS)
     assert sorted(r.id for r in reaped) == sorted(j.id for j in held)
     rows = {j.pk: j for j in Job.objects.all()}
     assert rows[held[0].id].status == "dead" and rows[held[0].id].lease_version == BOUND
@@ -78,7 +78,7 @@ def test_a_leased_row_at_the_token_bound_does_not_fail_the_release_of_the_others
     held = claim(limit=10, lease=30)
     _poison(held[0].id, f"lease_version = {BOUND}")
     leases = [(held[0].id, BOUND), *((j.id, j.lease_version) for j in held[1:])]
-    released = store.job_release(leases, interrupted=True)  # main: IntegrityError, none released
+    released = store.job_release(leases, interrupted=True)
     assert released == {j.id for j in held}
     rows = {j.pk: j for j in Job.objects.all()}
     assert rows[held[0].id].status == "dead" and rows[held[0].id].lease_version == BOUND
@@ -92,7 +92,7 @@ def test_a_burst_worker_drains_the_innocent_jobs_beside_a_row_at_the_token_bound
     _poison(poison.pk, f"lease_version = {BOUND}")
     worker = spawn("runworker", "--burst", "--concurrency", "2",
                    env={"LEASEQUEUE_LEASE": "3", "LEASEQUEUE_REAPER_INTERVAL": "0.5"})
-    for job in innocent:  # main: 0 of 5 done, the worker loops on the refused claim
+    for job in innocent:
         wait_for(lambda job=job: job_in(job.pk, "done"), timeout=30, what=f"innocent job {job.pk}")
     assert worker.wait(30) == 0, worker.output()
     assert Job.objects.get(pk=poison.pk).status != "leased"

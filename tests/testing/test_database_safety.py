@@ -73,7 +73,7 @@ def test_one_committed_db_test_alone_keeps_the_project_database(project_db):
     proc = _pytest(env, "tests/backends/test_contract.py::test_priority_order")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
-    assert _jobs(name) == 1  # main: 0 (the fixture's TRUNCATE ran on the project database)
+    assert _jobs(name) == 1
 
 
 def test_a_test_that_reaches_the_project_database_fails_and_writes_nothing(project_db):
@@ -82,4 +82,4 @@ def test_a_test_that_reaches_the_project_database_fails_and_writes_nothing(proje
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "1 failed" in out and "NotATestDatabase" in out and f"{name!r}" in out, out
-    assert _jobs(name) == 1  # main: 0 (the DELETE ran on the project database)
+    assert _jobs(name) == 1

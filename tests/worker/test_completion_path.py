@@ -260,7 +260,7 @@ def test_a_result_jsonb_cannot_hold_fails_only_its_job_with_the_real_error():
     """The full-size case, under a raised MAX_RESULT_BYTES: a 260 MiB string is over jsonb's
     255 MiB limit, and PostgreSQL refuses it with ProgramLimitExceeded (an OperationalError). The
     batch is completed one by one: that job is dead with the database's error, the others of the
-    batch are done once (they used to be re-queued with it forever, and run again)."""
+    batch are done once."""
     size = 260 * 1024 * 1024
     stop = threading.Event()
     with override_settings(LEASEQUEUE={"MAX_RESULT_BYTES": 2 * size}):

@@ -140,7 +140,7 @@ def test_heartbeat_error_backoff_is_capped_by_the_shortest_renewal_interval_in_f
 def test_heartbeat_retries_at_least_every_renewal_interval_while_the_database_refuses_renewals(caplog):
     """A real failure: the heartbeat thread's session is read-only (as on a standby after a
     failover), so every renewal fails. The waits between attempts double from 0.1 s but never
-    exceed the 0.5 s renewal interval of the 1.5 s lease in flight (they used to reach 30 s)."""
+    exceed the 0.5 s renewal interval of the 1.5 s lease in flight."""
     record.using(lease=1.5).enqueue("short")
     worker = WorkerService(concurrency=1, lease=30, notify=False, reap=False)
     (job,) = store.job_claim(queues=None, limit=1, worker_id=worker.worker_id, lease=30)

@@ -68,7 +68,7 @@ def test_a_worker_claims_only_the_tasks_it_registered(t0, queues, rated):
     claimed = store.job_claim(queues=queues, limit=10, worker_id="old:1:w", lease=30, tasks=OLD_TASKS,
                               rate_limits=rate_limits)
     assert [c.id for c in claimed] == [known.id]
-    assert state(unknown) == ("ready", 0, 0)  # main: claimed (attempt 1), then dead-lettered by the executor
+    assert state(unknown) == ("ready", 0, 0)
     assert Job.objects.get(pk=unknown).errors == []
     # A worker that knows it takes it.
     (taken,) = store.job_claim(queues=queues, limit=10, worker_id="new:1:w", lease=30, tasks=NEW_TASKS,

@@ -56,5 +56,4 @@ def test_a_graceful_stop_during_an_outage_runs_no_returned_job_again(spawn, tmp_
     statuses = dict(Counter(Job.objects.filter(id__in=ids).values_list("status", flat=True)))
     executions, reruns, never = rerun_count(read_ledger(tmp_path))
     assert statuses == {"done": 2}
-    # main: 2 re-runs (4 executions), each a LeaseExpired attempt
     assert (executions, reruns, never) == (2, 0, 0), (executions, reruns, never)

@@ -22,7 +22,7 @@ TIMED_OUT = "django_leasequeue.exceptions.JobTimedOut"
 
 def test_interrupted_attempts_are_refunded_max_interruptions_times_then_dead_lettered():
     """MAX_INTERRUPTIONS=2: the first two interrupted releases give the attempt back, the third
-    dead-letters the job as Interrupted with its attempt counted (on main every release refunded)."""
+    dead-letters the job as Interrupted with its attempt counted."""
     job = enqueue("qa.record", ["forever"])
     seen = []
     for _ in range(3):

@@ -81,7 +81,7 @@ def test_timed_out_handlers_keep_their_slot_and_lease_until_they_return(spawn):
 
 def test_a_key_limit_of_one_holds_while_a_timed_out_handler_still_runs(spawn):
     """``--concurrency 3``, 3 jobs under one key with ``concurrency_limit=1``: the key's next job
-    waits until the timed-out handler really returned (on main the reaper freed the key's slot)."""
+    waits until the timed-out handler really returned."""
     ids = [enqueue("qa.overlap", kwargs={"key": "k", "sleep": 3.0}).id for _ in range(3)]
     spawn("runworker", "--concurrency", "3", env=FAST)
     wait_for(lambda: Job.objects.filter(pk__in=ids, status="dead").count() == 3, timeout=120,

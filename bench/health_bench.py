@@ -78,6 +78,7 @@ def main() -> int:
 
     from django_leasequeue import health, metrics
     from django_leasequeue.models import Job
+    from django_leasequeue.store import read
 
     table = Job._meta.db_table
     with connection.cursor() as cur:
@@ -98,14 +99,14 @@ def main() -> int:
         print(f"job table: {count:,} rows: " + ", ".join(f"{s} {n:,}" for s, n in cur.fetchall()))
 
     statements = {
-        "snapshot: queue figures": (health.QUEUE_STATS, {
+        "snapshot: queue figures": (read.QUEUE_STATS, {
             "now": None, "queues": None, "always": ["default"], "short": 300.0, "long": 3600.0, "widest": 3600.0}),
-        "lease report (1 day)": (health.LEASE_REPORT, {"now": None, "window": 86400.0, "tasks": None}),
+        "lease report (1 day)": (read.LEASE_REPORT, {"now": None, "window": 86400.0, "tasks": None}),
     }
     failed = False
     print("\nplans (scans of the job table):")
     for name, (sql, params) in statements.items():
-        with health._read_cursor(connection.alias) as cur:
+        with read.read_cursor(connection.alias) as cur:
             cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
             plan = cur.fetchone()[0]
         plan = plan[0]["Plan"] if isinstance(plan, list) else plan

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from bench.health_bench import SEED, scans
-from django_leasequeue import health
+from django_leasequeue.store import read
 
 # Committed rows and VACUUM ANALYZE: after other tests' deletes the table holds dead pages, and
 # statistics taken inside a rolled-back transaction would not describe the table the planner sees.
@@ -22,7 +22,7 @@ def plan_of(sql: str, params: dict) -> dict:
     # test asks whether every scan of the job table CAN be served by an index (seqscan off): a scan
     # that still comes out sequential has no usable index. bench/health_bench.py checks the real
     # plan choice on 1,000,000 rows.
-    with health._read_cursor(connection.alias) as cur:
+    with read.read_cursor(connection.alias) as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
         plan = cur.fetchone()[0]
@@ -34,11 +34,11 @@ def test_no_sequential_scan_of_the_job_table():
         cur.execute(SEED, {"rows": 20_000})
         cur.execute("VACUUM ANALYZE leasequeue_job")
     statements = {
-        "snapshot": (health.QUEUE_STATS, {"now": None, "queues": None, "always": ["default"], "short": 300.0,
-                                          "long": 3600.0, "widest": 3600.0}),
-        "snapshot, some queues": (health.QUEUE_STATS, {"now": None, "queues": ["q1", "q2"], "always": ["q1", "q2"],
-                                                       "short": 300.0, "long": 3600.0, "widest": 3600.0}),
-        "lease report": (health.LEASE_REPORT, {"now": None, "window": 86400.0, "tasks": None}),
+        "snapshot": (read.QUEUE_STATS, {"now": None, "queues": None, "always": ["default"], "short": 300.0,
+                                        "long": 3600.0, "widest": 3600.0}),
+        "snapshot, some queues": (read.QUEUE_STATS, {"now": None, "queues": ["q1", "q2"], "always": ["q1", "q2"],
+                                                     "short": 300.0, "long": 3600.0, "widest": 3600.0}),
+        "lease report": (read.LEASE_REPORT, {"now": None, "window": 86400.0, "tasks": None}),
     }
     for name, (sql, params) in statements.items():
         nodes = scans(plan_of(sql, params), "leasequeue_job")

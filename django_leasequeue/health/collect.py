@@ -1,0 +1,154 @@
+"""Collection of the health report: :func:`snapshot` and :func:`lease_report` run the read-only
+statements of :mod:`django_leasequeue.store.read` and turn their rows into :class:`Snapshot` and
+:class:`TaskLeaseStats` values. All times come from the database clock (``leasequeue_now()``)
+unless an explicit aware ``now`` is passed (tests).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from .. import store
+from ..conf import Settings, get_settings
+from ..store import read
+from .leases import FLAG_LOST_WHILE_HEALTHY, FLAG_P99_OVER_TIMEOUT, FLAG_UNREGISTERED, TaskLeaseStats, recommend
+from .report import QueueStats, Snapshot, WorkerInfo
+
+# Number of statements snapshot() runs that read tables (reported by the bench).
+SNAPSHOT_QUERIES = 2
+
+
+def _alias() -> str:
+    return store.db_alias()
+
+
+def snapshot(now: datetime | None = None, *, window_short: float = 300, window_long: float = 3600,
+             alive_within: float | None = None, queues: Sequence[str] | None = None,
+             alias: str | None = None) -> Snapshot:
+    """Read the health of every queue and process (two read-only statements).
+
+    Args:
+        now: aware datetime to evaluate at; None (the normal case) reads the database clock.
+        window_short, window_long: seconds of the two "recently done / dead-lettered" windows.
+        alive_within: seconds; a process whose heartbeat is older is not alive. None: the
+            ``PROCESS_ALIVE_WITHIN`` setting.
+        queues: restrict the queue figures to these names (each is reported, even with no jobs);
+            None reports every queue that has jobs, a ``QueueState`` row, or is configured in
+            ``LEASEQUEUE["QUEUES"]`` (or is the ``DEFAULT_QUEUE``).
+        alias: database alias; default the job table's (through the routers).
+
+    Returns:
+        A :class:`Snapshot`.
+
+    Raises:
+        ValueError: a naive ``now`` or a window that is not > 0.
+        django.db.DatabaseError: the database cannot be read.
+    """
+    if now is not None and (now.tzinfo is None or now.utcoffset() is None):
+        raise ValueError("snapshot(now=...) needs an aware datetime")
+    if window_short <= 0 or window_long <= 0:
+        raise ValueError("windows must be > 0 seconds")
+    settings = get_settings()
+    alive_within = float(settings.process_alive_within if alive_within is None else alive_within)
+    if queues is not None:
+        queue_filter: list[str] | None = list(dict.fromkeys(queues))
+        always = queue_filter
+    else:
+        queue_filter = None
+        always = list(settings.queues) if settings.queues is not None else [settings.default_queue]
+    params = {"now": now, "queues": queue_filter, "always": always, "short": float(window_short),
+              "long": float(window_long), "widest": float(max(window_short, window_long))}
+    rows, process_rows, elapsed = read.snapshot_rows(params, alias=alias or _alias())
+    db_now = rows[0][0]
+    workers = []
+    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
+        age = (db_now - beat).total_seconds()
+        if isinstance(wq, (str, bytes)):  # Django's psycopg backend hands jsonb over undecoded
+            wq = json.loads(wq)
+        workers.append(WorkerInfo(
+            id=pid_, kind=kind, host=host, pid=pid, queues=[str(q) for q in wq or []], started_at=started_at,
+            last_heartbeat_at=beat, alive=age <= alive_within, concurrency=concurrency,
+            last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0), stuck_handlers=stuck,
+            stuck_seconds=max((db_now - stuck_since).total_seconds(), 0.0) if stuck_since is not None else 0.0,
+        ))
+    ticks = [w.last_tick_at for w in workers if w.last_tick_at is not None]
+    tick_age = max((db_now - max(ticks)).total_seconds(), 0.0) if ticks else None
+    snap = Snapshot(now=db_now, workers=workers, scheduler_last_tick_age_seconds=tick_age,
+                    workers_alive=sum(1 for w in workers if w.alive and w.kind == "worker"),
+                    window_short=float(window_short), window_long=float(window_long),
+                    alive_within=alive_within, query_seconds=elapsed)
+    for row in rows:
+        if row[1] is None:  # no queue at all: the clock row only
+            continue
+        snap.queues.append(QueueStats(
+            queue=row[1], ready_due=row[2], scheduled=row[3], leased=row[4], dead=row[5],
+            oldest_ready_age_seconds=float(row[6]), done_recent_short=row[7], dead_recent_short=row[8],
+            done_recent_long=row[9], dead_recent_long=row[10], paused=row[11], leased_expired=row[12],
+            workers_serving=snap.workers_serving(row[1]),
+        ))
+    return snap
+
+
+def lease_report(now: datetime | None = None, *, window: float = 86400, tasks: Sequence[str] | None = None,
+                 settings: Settings | None = None, alias: str | None = None) -> list[TaskLeaseStats]:
+    """Runtime distribution, lease losses and advice per task over the last ``window`` seconds.
+
+    Flags a task whose p99 runtime exceeds its registered timeout (its normal runs are being cut
+    off and retried) and a task that lost leases while healthy (see :func:`recommend` for the
+    recommended timeout and lease, and :class:`TaskLeaseStats` for each figure).
+
+    Args:
+        now: aware datetime; None reads the database clock.
+        window: seconds of history (by ``finished_at``; leases and rejections by their own time).
+        tasks: restrict to these task names.
+        settings: for the default lease; default the validated ``LEASEQUEUE`` setting.
+        alias: database alias; default the job table's.
+
+    Returns:
+        One :class:`TaskLeaseStats` per task with jobs finished in the window, by name.
+
+    Raises:
+        ValueError: ``window`` not > 0 or a naive ``now``.
+        django.db.DatabaseError: the database cannot be read.
+    """
+    from .. import registry
+
+    if window <= 0:
+        raise ValueError("window must be > 0 seconds")
+    if now is not None and (now.tzinfo is None or now.utcoffset() is None):
+        raise ValueError("lease_report(now=...) needs an aware datetime")
+    settings = settings or get_settings()
+    registry.autodiscover()
+    params = {"now": now, "window": float(window), "tasks": list(tasks) if tasks is not None else None}
+    rows = read.lease_report_rows(params, alias=alias or _alias())
+    report = []
+    for task_name, done, dead, pcts, max_secs, expired, rejected, healthy in rows:
+        try:
+            spec = registry.get_task(task_name)
+            registered = True
+        except Exception:  # UnknownTask, or a resolver that cannot import it
+            spec, registered = None, False
+        timeout = getattr(spec, "timeout", None)
+        lease = float(getattr(spec, "lease", None) or settings.lease)
+        manual = bool(getattr(spec, "manual_heartbeat", False))
+        p50, p95, p99 = (float(x) for x in pcts) if pcts else (None, None, None)
+        max_runtime = float(max_secs) if max_secs is not None else None
+        rec_timeout, rec_lease = recommend(p99=p99, max_runtime=max_runtime, lease=lease,
+                                           manual_heartbeat=manual, lost_while_healthy=healthy)
+        flags = []
+        if timeout is not None and p99 is not None and p99 > timeout:
+            flags.append(FLAG_P99_OVER_TIMEOUT)
+        if healthy:
+            flags.append(FLAG_LOST_WHILE_HEALTHY)
+        if not registered:
+            flags.append(FLAG_UNREGISTERED)
+        report.append(TaskLeaseStats(
+            task=task_name, done=done, dead=dead, p50=p50, p95=p95, p99=p99, max=max_runtime,
+            lease_expired=expired, fence_rejected=rejected, lost_while_healthy=healthy, registered=registered,
+            timeout=float(timeout) if timeout is not None else None, lease=lease, manual_heartbeat=manual,
+            recommended_timeout=rec_timeout, recommended_lease=rec_lease if p99 is not None or healthy else None,
+            flags=tuple(flags),
+        ))
+    return report

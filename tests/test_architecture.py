@@ -136,8 +136,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "store": ("store", "store.*"),
     "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "completer",
                  "reaper", "scheduler", "health", "notify"),
-    "adapters": ("admin", "backends", "checks", "apps", "views", "urls", "metrics", "testing", "pytest_plugin",
-                 "management", "management.*", ""),
+    "adapters": ("admin", "admin.*", "backends", "checks", "apps", "views", "urls", "metrics", "testing",
+                 "pytest_plugin", "management", "management.*", ""),
 }
 LAYER_ORDER = list(LAYERS)
 

@@ -96,6 +96,9 @@ def retry_now_jobs(request: HttpRequest, ids: list[int]) -> None:
     changed = sum(store.job_retry_now(chunk, by=_by(request)) for chunk in _chunks(ids))
     if changed:
         messages.success(request, f"{changed} job{'s are' if changed != 1 else ' is'} due now.")
+    if changed < len(ids):
+        messages.warning(request, f"{len(ids) - changed} job{'s were' if len(ids) - changed != 1 else ' was'} "
+                                  "left alone: only ready jobs waiting out a retry backoff are moved.")
 
 
 class ReplayForm(forms.Form):

@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from .. import arguments, store
 from ..conf import get_settings
 from ..exceptions import LeaseQueueError
-from .common import APP, _by
+from .common import APP, _by, check_json_field
 
 #: Bulk actions send ids to the store in statements of at most this many ids.
 BULK_CHUNK = 10_000
@@ -124,10 +124,7 @@ class ReplayForm(forms.Form):
             raise ValidationError(f"{name} is nested too deeply to read")
         if not isinstance(value, kind):
             raise ValidationError(f"{name} must be a JSON {'list' if kind is list else 'object'}")
-        try:
-            arguments.check_json(value, name)
-        except LeaseQueueError as exc:
-            raise ValidationError(str(exc))
+        check_json_field(value, name)
         return value
 
     def clean_args(self) -> list[Any]:

@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from .. import arguments
+from ..exceptions import LeaseQueueError
 from ..models import Dashboard, Job, Schedule
 
 if TYPE_CHECKING:
@@ -44,6 +47,22 @@ JSON_DISPLAY_LIMIT = 64 * 1024
 def _by(request: HttpRequest) -> str:
     """The operator's name as recorded in job history."""
     return request.user.get_username() or f"user #{request.user.pk}"
+
+
+def check_json_field(value: Any, name: str) -> None:
+    """Check a form's JSON arguments as enqueueing does (:func:`~django_leasequeue.arguments.check_json`).
+
+    Args:
+        value: the decoded JSON value (a list or dict of arguments).
+        name: the field's name, used in the message (``"args"`` or ``"kwargs"``).
+
+    Raises:
+        ValidationError: the value is refused; the message is the refusal's own.
+    """
+    try:
+        arguments.check_json(value, name)
+    except LeaseQueueError as exc:
+        raise ValidationError(str(exc))
 
 
 # JobJSONDecoder reads an integer past Python's int<->str digit limit (a row written by hand or by

@@ -17,11 +17,11 @@ from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from .. import arguments, cron, registry, store
+from .. import cron, registry, store
 from ..enqueueing import build_job, insert_jobs
 from ..exceptions import LeaseQueueError
 from ..models import Job, Schedule
-from .common import APP, _ScheduleAdminBase, _ScheduleFormBase
+from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
 
 _CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
                  "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
@@ -71,10 +71,7 @@ class ScheduleForm(_ScheduleFormBase):
         if not isinstance(value, kind):
             what = "list of positional arguments" if kind is list else "object of keyword arguments"
             raise ValidationError(f"{name} must be a JSON {what}, got {json.dumps(value)}")
-        try:
-            arguments.check_json(value, name)
-        except LeaseQueueError as exc:
-            raise ValidationError(str(exc))
+        check_json_field(value, name)
         return value
 
     def clean_args(self) -> list[Any]:

@@ -131,14 +131,14 @@ def test_import_does_not_import_models():
 # path inside the package ("store.read"); "name.*" places every module of a package; "" is the
 # package's __init__ (the public facade).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "leaves": ("exceptions", "conf", "cron", "retry", "runtime", "signals", "compat_tasks", "registry",
+    "leaves": ("exceptions", "conf", "cron", "cron.*", "retry", "runtime", "signals", "compat_tasks", "registry",
                "arguments", "failures"),
     "models": ("models",),
     "store": ("store", "store.*"),
     "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "processes",
                  "reaper", "scheduler", "health", "health.*", "notify"),
-    "adapters": ("admin", "backends", "checks", "apps", "views", "urls", "metrics", "testing", "pytest_plugin",
-                 "management", "management.*", ""),
+    "adapters": ("admin", "admin.*", "backends", "checks", "apps", "views", "urls", "metrics", "testing",
+                 "pytest_plugin", "management", "management.*", ""),
 }
 LAYER_ORDER = list(LAYERS)
 

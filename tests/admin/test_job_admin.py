@@ -338,6 +338,15 @@ def test_retry_now_button(operator_client):
     assert job.history[-1]["by"] == "operator"
 
 
+def test_retry_now_says_which_jobs_were_left_alone(operator_client):
+    due = make_job("ready", attempts=2, run_at=store.db_now() - timedelta(minutes=1))
+    response = operator_client.post(reverse("admin:django_leasequeue_job_retry_now", args=[due.id]), follow=True)
+    assert messages_of(response) == [
+        "1 job was left alone: only ready jobs waiting out a retry backoff are moved."]
+    due.refresh_from_db()
+    assert due.history == []
+
+
 # ---- bulk actions on 10,000 rows ------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Unit tests for django_leasequeue.cron: pure recurrence maths, no database, no Django settings.
 
-The DST policy under test is the one documented at the top of ``django_leasequeue/cron.py``:
+The DST policy under test is the one documented at the top of ``django_leasequeue/cron/__init__.py``:
 fixed-hour expressions fire once per matching local wall time (first instance of a repeated time,
 the transition instant for a nonexistent one); wildcard-hour expressions (hour field starting with
 ``*``) fire at every real instant whose local wall time matches.
@@ -18,16 +18,18 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
-from django_leasequeue import cron
 from django_leasequeue.cron import (
     CATCH_UP_CHOICES,
     DuePlan,
     InvalidCron,
     InvalidTimezone,
     due,
+    engine,
     is_wildcard_hour,
     next_occurrence,
     occurrences,
+    parsing,
+    recurrence,
     validate_cron,
     validate_timezone,
 )
@@ -459,8 +461,8 @@ CROSS_CHECK_EXPRESSIONS = [
 def test_wall_enumeration_agrees_with_croniter(expr: str) -> None:
     """The engine's wall-time enumeration equals croniter's own get_next/get_prev on naive times."""
     rng = random.Random(expr)
-    spec = cron._compile(expr)
-    walls = cron._Walls(spec)
+    spec = parsing._compile(expr)
+    walls = engine._Walls(spec)
     reference = croniter(spec.expr, datetime(2000, 1, 1))
     epoch = datetime(1970, 1, 1)
     for _ in range(40):
@@ -488,12 +490,12 @@ def test_backward_walk_mirrors_forward_walk_across_transitions() -> None:
                          (NEW_YORK, z(2026, 11, 1, 6)), ("Australia/Lord_Howe", z(2026, 4, 4, 15)),
                          ("Antarctica/Troll", z(2026, 3, 29, 1))]:
         zone = ZoneInfo(name)
-        lo = cron._seconds(centre - DAY, "lo")
-        hi = cron._seconds(centre + DAY, "hi")
+        lo = engine._seconds(centre - DAY, "lo")
+        hi = engine._seconds(centre + DAY, "hi")
         for expr in ("30 2 * * *", "* 2 * * *", "0 * * * *", "*/15 * * * *", "0 */2 * * *", "0 0 * * 0"):
-            spec = cron._compile(expr)
-            forward = list(cron._forward(spec, zone, lo, hi))
-            backward = list(cron._backward(spec, zone, hi, lo))
+            spec = parsing._compile(expr)
+            forward = list(engine._forward(spec, zone, lo, hi))
+            backward = list(engine._backward(spec, zone, hi, lo))
             assert backward == forward[::-1], (name, expr)
 
 
@@ -526,22 +528,22 @@ def test_default_policy_is_latest() -> None:
     ],
 )
 def test_per_minute_three_day_outage(catch_up: str, emit: list[datetime], skipped: int, monkeypatch) -> None:
-    monkeypatch.setattr(cron, "MAX_COUNTED_OCCURRENCES", 10_000)  # exact counting
+    monkeypatch.setattr(recurrence, "MAX_COUNTED_OCCURRENCES", 10_000)  # exact counting
     plan = due("* * * * *", NEW_YORK, last=z(2026, 6, 12, 12, 0), next_at=None, now=NOW,
                catch_up=catch_up, limit=11)
     assert plan == DuePlan(emit=emit, skipped=skipped, next_at=z(2026, 6, 15, 12, 1))
 
 
 def test_per_minute_three_day_outage_counting_is_capped(monkeypatch) -> None:
-    monkeypatch.setattr(cron, "MAX_COUNTED_OCCURRENCES", 1000)
+    monkeypatch.setattr(recurrence, "MAX_COUNTED_OCCURRENCES", 1000)
     plan = due("* * * * *", NEW_YORK, last=z(2026, 6, 12, 12, 0), next_at=None, now=NOW)
     assert plan.emit == [z(2026, 6, 15, 12, 0)]
     assert plan.skipped_is_lower_bound
-    assert plan.skipped == cron.MAX_COUNTED_OCCURRENCES  # 1001 counted, one emitted
+    assert plan.skipped == recurrence.MAX_COUNTED_OCCURRENCES  # 1001 counted, one emitted
     plan = due("* * * * *", NEW_YORK, last=z(2026, 6, 12, 12, 0), next_at=None, now=NOW,
                catch_up="all", limit=3)
     assert plan.emit == [z(2026, 6, 15, 11, 58), z(2026, 6, 15, 11, 59), z(2026, 6, 15, 12, 0)]
-    assert plan.skipped == cron.MAX_COUNTED_OCCURRENCES + 1 - 3
+    assert plan.skipped == recurrence.MAX_COUNTED_OCCURRENCES + 1 - 3
 
 
 @pytest.mark.parametrize(
@@ -607,7 +609,7 @@ def test_per_second_three_day_outage_is_fast() -> None:
     elapsed = time.perf_counter() - start
     assert plan.emit == [z(2026, 3, 30, 12)]
     assert plan.next_at == z(2026, 3, 30, 12, 0, 1)
-    assert plan.skipped_is_lower_bound and plan.skipped >= cron.MAX_COUNTED_OCCURRENCES
+    assert plan.skipped_is_lower_bound and plan.skipped >= recurrence.MAX_COUNTED_OCCURRENCES
     start = time.perf_counter()
     plan = due("* * * * * *", BERLIN, last=z(2026, 3, 27, 12), next_at=None, now=z(2026, 3, 30, 12),
                catch_up="all", limit=50)
@@ -619,7 +621,7 @@ def test_per_second_three_day_outage_is_fast() -> None:
 @pytest.mark.parametrize("expr", ["30 2 * * *", "* 2 * * *", "0 * * * *", "*/15 * * * *", "0 */2 * * *"])
 @pytest.mark.parametrize(("tz", "centre"), [(BERLIN, z(2026, 3, 29, 1)), (NEW_YORK, z(2026, 11, 1, 6))])
 def test_capped_catch_up_emits_the_exact_newest(expr: str, tz: str, centre: datetime, monkeypatch) -> None:
-    monkeypatch.setattr(cron, "MAX_COUNTED_OCCURRENCES", 3)
+    monkeypatch.setattr(recurrence, "MAX_COUNTED_OCCURRENCES", 3)
     last, now = centre - DAY, centre + timedelta(hours=2)
     expected = occ(expr, tz, last, now)
     plan = due(expr, tz, last=last, next_at=None, now=now, catch_up="all", limit=4)

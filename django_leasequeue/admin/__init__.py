@@ -1,0 +1,59 @@
+"""The operator's surface: jobs, dead letters, replay, schedules and a queue dashboard in the admin.
+
+Pages (all under the app "Lease queue"):
+
+* **Jobs** (:class:`JobAdmin`): every job, newest first, with status, task, queue, attempts,
+  ``run_at``, age and the last error's type and message; filters by status, queue, task and "has
+  errors"; search by id, task or unique key. The change page is read-only: arguments pretty-printed,
+  every failed attempt with its traceback (collapsible), the operator history (replays, edits,
+  cancels, releases), and buttons for Replay, "Edit arguments and replay", Cancel and Retry now.
+* **Dead letters** (:class:`DeadLetterAdmin`, the ``DeadLetter`` proxy): only ``dead`` jobs,
+  newest death first, with counts grouped by task and error type at the top and a Replay button per
+  row.
+* **Schedules** (:class:`ScheduleAdmin`): cron in words (cron-descriptor), the next five occurrences
+  in the schedule's zone, enable/disable, "run now", validation on the form.
+* **Queue dashboard** (:class:`DashboardAdmin`, ``admin/django_leasequeue/dashboard/``): per queue
+  due, scheduled, leased and dead counts, the oldest due job's age, done and dead-lettered jobs in
+  the last 5 minutes and hour, paused state with pause/resume, live processes and the last
+  scheduler tick, all read through :func:`django_leasequeue.health.snapshot` (the same query layer
+  as monitoring).
+
+Writes: every change of a job's state goes through :mod:`django_leasequeue.store` (``job_replay``,
+``job_request_cancel``, ``job_retry_now``, ``queue_pause``/``queue_resume``): one statement per
+action however many rows are selected (10,000 selected rows, or "select all" across a filter, cost a
+handful of queries, never a ``save()`` per row). Detail-page buttons and bulk actions share one code
+path per operation (C32: a replay button that silently did nothing while the list action worked).
+Every write is a POST through the admin's CSRF protection; replay needs the ``replay_job``
+permission, cancel and retry-now need ``change_job``, pause/resume needs ``change_queuestate``.
+
+Large tables (C24): the job list never loads ``args``, ``kwargs``, ``errors``, ``history`` or
+``result`` (deferred; the last error is a short annotation), never counts the whole table (an
+estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choices without a
+``SELECT DISTINCT`` over the job table.
+"""
+
+from __future__ import annotations
+
+from .actions import BULK_CHUNK, ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
+from .common import APP, JSON_DISPLAY_LIMIT, duration
+from .dashboard import DashboardAdmin
+from .deadletters import DeadLetterAdmin
+from .jobs import STATUS_COLOURS, JobAdmin
+from .listing import (
+    EXACT_COUNT_LIMIT,
+    HEAVY_FIELDS,
+    EstimatedCountPaginator,
+    HasErrorsFilter,
+    JobChangeList,
+    QueueFilter,
+    TaskFilter,
+    known_queues,
+)
+from .schedules import ScheduleAdmin, ScheduleForm, describe_cron, run_schedule_now
+
+__all__ = [
+    "APP", "BULK_CHUNK", "EXACT_COUNT_LIMIT", "HEAVY_FIELDS", "JSON_DISPLAY_LIMIT", "STATUS_COLOURS",
+    "DashboardAdmin", "DeadLetterAdmin", "EstimatedCountPaginator", "HasErrorsFilter", "JobAdmin", "JobChangeList",
+    "QueueFilter", "ReplayForm", "ScheduleAdmin", "ScheduleForm", "TaskFilter", "cancel_jobs", "describe_cron",
+    "duration", "known_queues", "replay_jobs", "retry_now_jobs", "run_schedule_now",
+]

@@ -1,0 +1,126 @@
+"""The queue dashboard (``admin/django_leasequeue/dashboard/``): per-queue counts, workers and the
+scheduler tick read through :func:`django_leasequeue.health.snapshot`, and pause/resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
+
+from .. import store
+from ..conf import queue_name_problem
+from ..models import Dashboard
+from .common import APP, _by, _DashboardAdminBase, duration
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(_DashboardAdminBase):
+    """The queue dashboard: ``admin/django_leasequeue/dashboard/``, read through ``health.snapshot()``.
+
+    Visible to users who may view jobs (or the dashboard); pause/resume needs ``change_queuestate``.
+    """
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Dashboard | None = None) -> bool:
+        user = request.user
+        return user.has_perm(f"{APP}.view_dashboard") or user.has_perm(f"{APP}.view_job") \
+            or user.has_perm(f"{APP}.change_job")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        """Pausing and resuming queues needs ``change_queuestate``."""
+        return request.user.has_perm(f"{APP}.change_queuestate")
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("pause/", wrap(self.pause_view), name=f"{prefix}_pause"),
+            path("resume/", wrap(self.resume_view), name=f"{prefix}_resume"),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        from .. import health
+
+        snap = health.snapshot()
+        job_list = reverse(f"admin:{APP}_job_changelist")
+        dead_list = reverse(f"admin:{APP}_deadletter_changelist")
+        rows = []
+        for q in snap.queues:
+            rows.append({
+                "stats": q,
+                "oldest": duration(q.oldest_ready_age_seconds) if q.ready_due else "—",
+                # Encoded: a queue name written before names had a grammar may hold & # + or spaces.
+                "ready_url": f"{job_list}?{urlencode({'status': 'ready', 'queue': q.queue})}",
+                "leased_url": f"{job_list}?{urlencode({'status': 'leased', 'queue': q.queue})}",
+                "dead_url": f"{dead_list}?{urlencode({'queue': q.queue})}",
+            })
+        workers = [{"info": w, "age": duration(w.heartbeat_age_seconds), "stuck": duration(w.stuck_seconds)}
+                   for w in snap.workers]
+        total = snap.total()
+        refresh = request.GET.get("refresh", "")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queue dashboard",
+            "opts": self.opts,
+            "snap": snap,
+            "rows": rows,
+            "total": total,
+            "total_oldest": duration(total.oldest_ready_age_seconds) if total.ready_due else "—",
+            "workers": workers,
+            "tick_age": duration(snap.scheduler_last_tick_age_seconds),
+            "has_scheduler_tick": snap.scheduler_last_tick_age_seconds is not None,
+            "can_pause": self.has_pause_permission(request),
+            "refresh": int(refresh) if refresh.isdigit() and 2 <= int(refresh) <= 3600 else None,
+            "job_list_url": job_list, "dead_list_url": dead_list,
+            "schedule_list_url": reverse(f"admin:{APP}_schedule_changelist"),
+        }
+        context.update(extra_context or {})
+        return TemplateResponse(request, "admin/django_leasequeue/dashboard.html", context)
+
+    def _toggle(self, request: HttpRequest, pause: bool) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        name = request.POST.get("queue", "").strip()
+        if not name or len(name) > 100:
+            messages.error(request, "No queue given.")
+        elif pause and queue_name_problem(name):
+            # Resuming stays possible for a queue paused under a name written before the grammar.
+            messages.error(request, str(queue_name_problem(name)))
+        elif pause:
+            changed = store.queue_pause(name, by=_by(request))
+            messages.success(request, f"Queue {name!r} is paused: workers claim nothing from it until it is "
+                                      "resumed; running jobs finish." if changed
+                             else f"Queue {name!r} was already paused.")
+        else:
+            changed = store.queue_resume(name)
+            messages.success(request, f"Queue {name!r} runs again." if changed else f"Queue {name!r} was not paused.")
+        return HttpResponseRedirect(reverse(f"admin:{APP}_dashboard_changelist"))
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``queue=<name>``: pause the queue (``store.queue_pause``)."""
+        return self._toggle(request, True)
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``queue=<name>``: resume the queue (``store.queue_resume``)."""
+        return self._toggle(request, False)

@@ -1,0 +1,80 @@
+"""The dead-letter admin: only ``dead`` jobs, newest death first, counts grouped by task and error
+type, and a Replay button per row (through the job admin's replay view)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.timesince import timesince
+
+from ..models import DeadLetter, Job, JobStatus
+from .common import APP
+from .jobs import JobAdmin
+from .listing import QueueFilter, TaskFilter
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(JobAdmin):
+    """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
+
+    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "last_error_short")
+    list_filter = (QueueFilter, TaskFilter)
+    sortable_by = ("id", "task", "queue", "died")
+    ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
+    actions = ["replay_selected"]
+    change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return super().get_queryset(request).filter(status=JobStatus.DEAD)
+
+    # A dead letter is a job: users with the job permissions may work with dead letters.
+    def has_view_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_view_permission(request, obj) or request.user.has_perm(f"{APP}.view_job") \
+            or request.user.has_perm(f"{APP}.change_job")
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_change_permission(request, obj) or request.user.has_perm(f"{APP}.change_job")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_delete_permission(request, obj) or (
+            obj is not None and obj.status == "dead" and request.user.has_perm(f"{APP}.delete_deadletter"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if self.has_replay_permission(request):
+            return self.list_display
+        return tuple(c for c in self.list_display if c != "replay_button")
+
+    @admin.display(description="died", ordering="finished_at")
+    def died(self, obj: Job) -> str:
+        return format_html('<span title="{}">{} ago</span>', obj.finished_at, timesince(obj.finished_at)) \
+            if obj.finished_at else "—"
+
+    @admin.display(description="")
+    def replay_button(self, obj: Job) -> str:
+        # The changelist is one <form> with the CSRF token; this button posts it to the replay URL.
+        url = reverse(f"admin:{APP}_job_replay", args=[obj.pk])
+        return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
+                           'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        context: dict[str, Any] | None = getattr(response, "context_data", None)
+        cl = context.get("cl") if context else None
+        if cl is not None and context is not None:
+            groups = list(
+                cl.queryset.order_by().values("task", "last_error_type")
+                .annotate(n=Count("pk")).order_by("-n", "task")[:25]
+            )
+            for g in groups:
+                g["error_type"] = (g["last_error_type"] or "").removeprefix("builtins.")
+            context["lq_groups"] = groups
+            context["lq_group_total"] = sum(g["n"] for g in groups)
+        return response

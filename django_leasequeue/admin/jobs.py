@@ -1,0 +1,328 @@
+"""The job admin: the read-only list and change page of every job, with replay, cancel and
+retry-now buttons and bulk actions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.timesince import timesince
+
+from ..models import Job
+from .actions import ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
+from .common import APP, _JobAdminBase, _ListFilter, _parse_time, _pre, _pretty
+from .listing import EstimatedCountPaginator, HasErrorsFilter, JobChangeList, QueueFilter, TaskFilter
+
+STATUS_COLOURS = {
+    "ready": "#1f6feb", "leased": "#9a6700", "done": "#1a7f37", "dead": "#cf222e", "cancelled": "#6e7781",
+}
+
+
+def _ids(queryset: QuerySet[Job]) -> list[int]:
+    """The selected job ids in one query (only the id column)."""
+    return list(queryset.order_by().values_list("pk", flat=True))
+
+
+@admin.register(Job)
+class JobAdmin(_JobAdminBase):
+    """Jobs: a read-only view of the queue's rows plus replay, cancel and retry-now."""
+
+    list_display: tuple[str, ...] = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age",
+                                     "last_error_short")
+    list_display_links = ("id", "task")
+    list_filter: ClassVar[tuple[_ListFilter, ...]] = ("status", QueueFilter, TaskFilter, HasErrorsFilter)
+    search_fields = ("=id", "task", "=unique_key")
+    search_help_text = "Job id (123 or #123), part of a task name, or an exact unique key."
+    list_per_page = 100
+    show_full_result_count = False  # no second COUNT(*) of the whole table per page load
+    paginator = EstimatedCountPaginator
+    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task", "queue", "run_at", "age")
+    actions = ["replay_selected", "cancel_selected", "retry_now_selected"]
+    change_form_template = "admin/django_leasequeue/job/change_form.html"
+    fieldsets = (
+        (None, {"fields": (("id", "status_badge"), ("task", "queue", "priority"), ("unique_key", "unique_scope"),
+                           ("schedule", "occurrence_at", "concurrency_key"))}),
+        ("Arguments", {"fields": ("args_pretty", "kwargs_pretty")}),
+        ("Errors", {"fields": ("errors_display",)}),
+        ("History", {"fields": ("history_display",)}),
+        ("Attempts and lease", {"fields": (("attempts", "max_attempts", "lease_version"),
+                                           ("leased_until", "leased_by", "lease_seconds"),
+                                           ("cancel_requested", "snoozes"))}),
+        ("Times (database clock)", {"fields": (("run_at", "created_at"),
+                                               ("started_at", "attempted_at", "finished_at"))}),
+        ("Result", {"classes": ("collapse",), "fields": ("result_pretty",)}),
+    )
+
+    # show_facets exists since Django 5.0: facet counts would count every filter choice per page.
+    if hasattr(admin, "ShowFacets"):
+        show_facets = admin.ShowFacets.NEVER
+
+    class Media:
+        css = {"all": ("django_leasequeue/admin.css",)}
+
+    # -- permissions ---------------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # jobs are enqueued by code (and by "run now" on a schedule)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # One finished job at a time, from its page: deleting a ready or leased job would drop work
+        # silently, and the bulk "delete selected" (no obj) would list every selected row for
+        # confirmation, which is no use on 10,000 rows.
+        if obj is None or obj.status not in ("done", "dead", "cancelled"):
+            return False
+        return request.user.has_perm(f"{APP}.delete_job")
+
+    def has_replay_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        """The ``replay_job`` permission (declared in ``Job.Meta.permissions``)."""
+        return request.user.has_perm(f"{APP}.replay_job")
+
+    def has_operate_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        """Cancel and retry-now need ``change_job``."""
+        return request.user.has_perm(f"{APP}.change_job")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
+        names: list[str] = []
+        for _, options in self.fieldsets or ():
+            for entry in options["fields"]:
+                names.extend(entry if isinstance(entry, tuple) else (cast(str, entry),))
+        return names
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Job], bool]:
+        """Search by id (``123`` or ``#123``), task name (substring) or unique key (exact)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        q = Q(task__icontains=term) | Q(unique_key=term)
+        digits = term.lstrip("#")
+        if digits.isdigit() and int(digits) < 2**63:
+            q = Q(pk=int(digits)) | Q(unique_key=term)
+        return queryset.filter(q), False
+
+    # -- list columns ----------------------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Job) -> str:
+        label = obj.status
+        if obj.status == "ready" and obj.run_at and obj.run_at > timezone.now():
+            label = "scheduled" if not obj.attempts else "retry wait"
+        if obj.cancel_requested and obj.status == "leased":
+            label = "leased, cancel requested"
+        return format_html('<span class="lq-status lq-{}" style="color:{}">{}</span>', obj.status,
+                           STATUS_COLOURS.get(obj.status, "inherit"), label)
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj: Job) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: Job) -> str:
+        return timesince(obj.created_at) if obj.created_at else "—"
+
+    @admin.display(description="last error")
+    def last_error_short(self, obj: Job) -> str:
+        kind = getattr(obj, "last_error_type", None)
+        if kind is None:
+            return ""
+        message = getattr(obj, "last_error_message", "") or ""
+        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message,
+                           kind.removeprefix("builtins."),
+                           message[:80] + ("…" if len(message) > 80 else ""))
+
+    # -- change page fields --------------------------------------------------------------------
+
+    @admin.display(description="args")
+    def args_pretty(self, obj: Job) -> str:
+        return _pre(obj.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_pretty(self, obj: Job) -> str:
+        return _pre(obj.kwargs)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: Job) -> str:
+        return _pre(obj.result) if obj.result is not None else "—"
+
+    @admin.display(description="failed attempts")
+    def errors_display(self, obj: Job) -> str:
+        if not obj.errors:
+            return "none"
+        replays = [_parse_time(h.get("at")) for h in obj.history if h.get("event") == "replayed"]
+        entries = []
+        for index, error in enumerate(obj.errors):
+            at = _parse_time(error.get("at"))
+            run = sum(1 for r in replays if r and at and r <= at)
+            kind = str(error.get("type") or "Error").removeprefix("builtins.")
+            entries.append({"n": index + 1, "error": error, "type": kind, "at": at, "run": run})
+        return render_to_string("admin/django_leasequeue/job/_errors.html",
+                                {"entries": list(reversed(entries)), "replayed": bool(replays)})
+
+    @admin.display(description="operator history")
+    def history_display(self, obj: Job) -> str:
+        if not obj.history:
+            return "none"
+        rows = []
+        for entry in reversed(obj.history):
+            extra = {k: v for k, v in entry.items() if k not in ("event", "at", "by", "worker", "old", "new")}
+            rows.append({"entry": entry, "at": _parse_time(entry.get("at")),
+                         "who": entry.get("by") or entry.get("worker") or "",
+                         "extra": ", ".join(f"{k}: {v}" for k, v in extra.items()),
+                         "old": _pretty(entry["old"]) if "old" in entry else None,
+                         "new": _pretty(entry["new"]) if "new" in entry else None})
+        return render_to_string("admin/django_leasequeue/job/_history.html", {"rows": rows})
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{prefix}_replay"),
+            path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{prefix}_cancel"),
+            path("<path:object_id>/retry-now/", wrap(self.retry_now_view), name=f"{prefix}_retry_now"),
+            *super().get_urls(),
+        ]
+
+    def save_model(self, request: HttpRequest, obj: Job, form: Any, change: Any) -> None:
+        # Never write a job row from a form: only the store changes job state (see change_view).
+        raise PermissionDenied("jobs are changed through the replay, cancel and retry-now actions")
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method == "POST":
+            # Every field is read-only and the operator actions have their own POST views. Django's
+            # change form would save the whole row from the copy it read, a lost update racing the
+            # workers (it could hand a job's fencing token to two holders), so refuse.
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        obj = self.get_object(request, object_id)
+        extra: dict[str, Any] = {
+            "title": f"Job #{object_id}",
+            "show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
+            "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
+        }
+        if obj is not None:
+            now = timezone.now()
+            extra.update({
+                "lq_job": obj,
+                "lq_can_replay": obj.status in ("dead", "cancelled") and self.has_replay_permission(request),
+                "lq_can_cancel": (obj.status == "ready" or (obj.status == "leased" and not obj.cancel_requested))
+                and self.has_operate_permission(request),
+                "lq_can_retry_now": obj.status == "ready" and obj.attempts > 0 and obj.run_at > now
+                and self.has_operate_permission(request),
+                "lq_replay_url": reverse(f"admin:{APP}_job_replay", args=[obj.pk]),
+                "lq_cancel_url": reverse(f"admin:{APP}_job_cancel", args=[obj.pk]),
+                "lq_retry_now_url": reverse(f"admin:{APP}_job_retry_now", args=[obj.pk]),
+            })
+        extra.update(extra_context or {})
+        return super().change_view(request, object_id, form_url, extra)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
+        # The change page loads the whole row (the list defers the heavy columns).
+        try:
+            return self.get_queryset(request).get(pk=int(object_id))
+        except (ValueError, Job.DoesNotExist):
+            return None
+
+    def _job_or_404(self, request: HttpRequest, object_id: str) -> Job:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        try:
+            return get_object_or_404(Job, pk=int(object_id))
+        except ValueError:
+            raise Http404("no such job")
+
+    def _back(self, request: HttpRequest, job: Job) -> HttpResponse:
+        if request.POST.get("_from") == "list":
+            # Back to the list the button was on (with its filters), if that is this site's page.
+            referer = request.META.get("HTTP_REFERER", "")
+            if not url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()},
+                                                   require_https=request.is_secure()):
+                referer = reverse(f"admin:{APP}_deadletter_changelist")
+            return HttpResponseRedirect(referer)
+        return HttpResponseRedirect(reverse(f"admin:{APP}_job_change", args=[job.pk]))
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the "edit arguments and replay" form. POST: replay (with the edited arguments when
+        the form's fields are posted). Needs ``replay_job``; 403 otherwise."""
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        job = self._job_or_404(request, object_id)
+        form = None
+        if request.method == "POST":
+            if "args" not in request.POST and "kwargs" not in request.POST:
+                replay_jobs(request, [job.pk])
+                return self._back(request, job)
+            form = ReplayForm(request.POST)
+            if form.is_valid():
+                replay_jobs(request, [job.pk], args=form.cleaned_data["args"], kwargs=form.cleaned_data["kwargs"])
+                return self._back(request, job)
+        elif request.method != "GET":
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if form is None:
+            form = ReplayForm(initial={"args": _pretty(job.args), "kwargs": _pretty(job.kwargs)})
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Replay job #{job.pk}",
+            "opts": Job._meta,
+            "job": job,
+            "form": form,
+            "replayable": job.status in ("dead", "cancelled"),
+            "last_error": job.last_error,
+            "change_url": reverse(f"admin:{APP}_job_change", args=[job.pk]),
+        }
+        return TemplateResponse(request, "admin/django_leasequeue/job/replay.html", context)
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: cancel a ready job, or ask a leased job to stop. Needs ``change_job``."""
+        return self._operate(request, object_id, cancel_jobs)
+
+    def retry_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: make a ready job waiting on its retry backoff due now. Needs ``change_job``."""
+        return self._operate(request, object_id, retry_now_jobs)
+
+    def _operate(self, request: HttpRequest, object_id: str,
+                 operation: Callable[[HttpRequest, list[int]], Any]) -> HttpResponse:
+        """One job's button (POST only, operate permission): run ``operation`` on it, then go back."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        job = self._job_or_404(request, object_id)
+        operation(request, [job.pk])
+        return self._back(request, job)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra: dict[str, Any] = {"lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
+                                 "title": str(self.opts.verbose_name_plural).capitalize()}
+        extra.update(extra_context or {})
+        return super().changelist_view(request, extra)
+
+    # -- bulk actions ----------------------------------------------------------------------------
+
+    @admin.action(description="Replay selected dead or cancelled jobs", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        replay_jobs(request, _ids(queryset))
+
+    @admin.action(description="Cancel selected jobs (ready: now; running: ask to stop)", permissions=["operate"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        cancel_jobs(request, _ids(queryset))
+
+    @admin.action(description="Retry now (ready jobs waiting on a retry backoff)", permissions=["operate"])
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        retry_now_jobs(request, _ids(queryset.filter(status="ready")))

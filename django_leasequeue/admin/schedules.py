@@ -1,0 +1,228 @@
+"""The schedule admin: the form, cron in words, the next five occurrences, enable/disable and
+"run now"."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC
+from typing import Any, cast
+from zoneinfo import ZoneInfo
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+
+from .. import cron, registry, store
+from ..enqueueing import build_job, insert_jobs
+from ..exceptions import LeaseQueueError
+from ..models import Job, Schedule
+from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
+
+_CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+                 "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+def describe_cron(expr: str) -> str:
+    """The expression in words (cron-descriptor), e.g. ``"At 02:30, Monday through Friday"``.
+
+    A 6-field expression has its seconds LAST (croniter's convention, see :mod:`cron`), while
+    cron-descriptor expects them first, so the field is moved before describing.
+    """
+    from cron_descriptor import ExpressionDescriptor, Options
+
+    text = (expr or "").strip()
+    text = _CRON_ALIASES.get(text.lower(), text)
+    fields = text.split()
+    if len(fields) == 6:
+        fields = [fields[5], *fields[:5]]
+    options = Options()
+    options.use_24hour_time_format = True  # explicit: the default varies with the environment
+    try:
+        return str(ExpressionDescriptor(" ".join(fields), options).get_description())
+    except Exception as exc:  # cron-descriptor is only a description; validation is the cron package's
+        return f"(cannot describe: {exc})"
+
+
+class ScheduleForm(_ScheduleFormBase):
+    """Schedule form. Validation is the model's own (``Schedule.clean_fields``: cron, zone, task,
+    JSON arguments, queue, priority, catch-up limit), which the ModelForm runs through
+    ``full_clean()``, so each problem is shown on its field."""
+
+    class Meta:
+        model = Schedule
+        fields = ("name", "task", "cron", "timezone", "args", "kwargs", "queue", "priority", "enabled",
+                  "catch_up", "catch_up_limit")
+        help_texts = {
+            "cron": "5 fields (minute hour day month weekday), or 6 with seconds last; @daily, @hourly… "
+                    "Evaluated on the wall clock of the time zone below.",
+            "timezone": "IANA name such as Europe/Berlin; blank: the project's TIME_ZONE.",
+        }
+
+    # The model reports bad arguments with code "invalid", which a ModelForm replaces by the form
+    # field's own "invalid" message ("Enter a valid JSON.") for JSON fields; checking them here
+    # keeps the precise message (and the model then skips the fields that failed).
+    def _json_of(self, name: str, kind: type) -> Any:
+        value = self.cleaned_data.get(name)
+        if not isinstance(value, kind):
+            what = "list of positional arguments" if kind is list else "object of keyword arguments"
+            raise ValidationError(f"{name} must be a JSON {what}, got {json.dumps(value)}")
+        check_json_field(value, name)
+        return value
+
+    def clean_args(self) -> list[Any]:
+        args: list[Any] = self._json_of("args", list)
+        return args
+
+    def clean_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = self._json_of("kwargs", dict)
+        return kwargs
+
+
+def run_schedule_now(request: HttpRequest, schedule: Schedule, nonce: str | None = None) -> Job | None:
+    """Enqueue one job of ``schedule`` now, with its own unique key (never an occurrence's key).
+
+    The key is ``leasequeue:schedule:<id>:run-now:<nonce>``; the change page's button carries a
+    nonce made when the page was rendered, so a double-submitted form enqueues one job. The job is
+    written through :func:`~django_leasequeue.enqueueing.insert_jobs`, so it sends one ``enqueued``
+    event like every other enqueue.
+
+    Args:
+        request: the admin request (its messages report the outcome).
+        schedule: the schedule to run.
+        nonce: the page's nonce; None: a fresh one (every call enqueues).
+
+    Returns:
+        The new job, the job this nonce already enqueued, or None when the schedule's task or
+        arguments are refused (the message says why).
+    """
+    try:
+        task_spec = registry.get_task(schedule.task)
+        if not isinstance(task_spec, registry.TaskSpec):  # e.g. a Django tasks backend task: default options
+            task_spec = registry.TaskSpec(func=task_spec, name=schedule.task)
+        new = build_job(task_spec, schedule.args, schedule.kwargs, queue=schedule.queue or None,
+                        priority=schedule.priority, schedule_id=schedule.pk,
+                        unique_key=f"leasequeue:schedule:{schedule.pk}:run-now:{nonce or uuid.uuid4().hex}")
+    except LeaseQueueError as exc:
+        messages.error(request, f"Schedule {schedule.name!r} was not run: {exc}")
+        return None
+    rows = insert_jobs([new])
+    if not rows:
+        job = store.job_get_by_unique_key(cast(str, new.unique_key), new.unique_scope)
+        if job is not None:
+            messages.info(request, format_html('Schedule {} was already run from this page: job <a href="{}">#{}</a>.',
+                                               schedule.name, reverse(f"admin:{APP}_job_change", args=[job.pk]),
+                                               job.pk))
+        return job
+    job = rows[0]
+    messages.success(request, format_html('Enqueued job <a href="{}">#{}</a> of schedule {}.',
+                                          reverse(f"admin:{APP}_job_change", args=[job.pk]), job.pk, schedule.name))
+    return job
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(_ScheduleAdminBase):
+    """Schedules: cron in words, the next five occurrences, enable/disable and "run now"."""
+
+    form = ScheduleForm
+    list_display = ("name", "task", "cron", "cron_words", "zone", "enabled", "next_occurrence_at",
+                    "last_occurrence_at")
+    list_filter = ("enabled", "source")
+    search_fields = ("name", "task")
+    actions = ["enable_selected", "disable_selected", "run_now_selected"]
+    readonly_fields = ("cron_words", "next_five", "last_occurrence_at", "next_occurrence_at",
+                       "skipped_occurrences", "source", "created_at", "updated_at")
+    change_form_template = "admin/django_leasequeue/schedule/change_form.html"
+
+    def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        return (
+            (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "enabled")}),
+            ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
+            ("State", {"fields": ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "source",
+                                  "created_at", "updated_at")}),
+        )
+
+    @admin.display(description="in words")
+    def cron_words(self, obj: Schedule) -> str:
+        return describe_cron(obj.cron) if obj and obj.cron else "—"
+
+    @admin.display(description="time zone")
+    def zone(self, obj: Schedule) -> str:
+        return obj.timezone or f"({obj.zone_name})"
+
+    @admin.display(description="next five occurrences")
+    def next_five(self, obj: Schedule) -> str:
+        if not obj or not obj.pk:
+            return "—"
+        zone_name = obj.zone_name
+        try:
+            zone = ZoneInfo(zone_name)
+            start = store.db_now()
+            found = []
+            after = start
+            for _ in range(5):
+                after = cron.next_occurrence(obj.cron, zone_name, after)
+                found.append(after)
+        except (ValueError, LeaseQueueError, KeyError) as exc:
+            return f"cannot compute: {exc}"
+        return format_html("<ol class='lq-occurrences'>{}</ol>", format_html_join(
+            "", "<li>{} <span class='quiet'>({} UTC)</span></li>",
+            ((o.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), o.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
+             for o in found)))
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [path("<path:object_id>/run-now/", self.admin_site.admin_view(self.run_now_view),
+                     name=f"{prefix}_run_now"), *super().get_urls()]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra: dict[str, Any] = {"lq_run_now_nonce": uuid.uuid4().hex,
+                 "lq_can_run_now": self.has_change_permission(request)}
+        extra.update(extra_context or {})
+        return super().change_view(request, object_id, form_url, extra)
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: enqueue one job of the schedule now. Needs ``change_schedule``."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        schedule = get_object_or_404(Schedule, pk=object_id)
+        nonce = "".join(c for c in request.POST.get("nonce", "") if c.isalnum())[:32] or None
+        run_schedule_now(request, schedule, nonce)
+        return HttpResponseRedirect(reverse(f"admin:{APP}_schedule_change", args=[schedule.pk]))
+
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Schedule], enabled: bool) -> None:
+        # Schedules are few; save() each so the model keeps next_occurrence_at right (a re-enabled
+        # schedule starts from now: runs missed while it was off are not caught up).
+        changed = 0
+        for schedule in queryset.filter(enabled=not enabled):
+            schedule.enabled = enabled
+            try:
+                schedule.save()
+            except ValidationError as exc:
+                messages.error(request, f"Schedule {schedule.name!r} was not {'enabled' if enabled else 'disabled'}: "
+                                        + "; ".join(m for ms in exc.message_dict.values() for m in ms))
+                continue
+            changed += 1
+        verb = "Enabled" if enabled else "Disabled"
+        messages.success(request, f"{verb} {changed} schedule{'s' if changed != 1 else ''}.")
+
+    @admin.action(description="Enable selected schedules (from now on: missed runs are not caught up)",
+                  permissions=["change"])
+    def enable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._set_enabled(request, queryset, True)
+
+    @admin.action(description="Disable selected schedules", permissions=["change"])
+    def disable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._set_enabled(request, queryset, False)
+
+    @admin.action(description="Run selected schedules now (one job each)", permissions=["change"])
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            run_schedule_now(request, schedule)

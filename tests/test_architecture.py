@@ -137,8 +137,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "store": ("store", "store.*"),
     "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "processes",
                  "reaper", "scheduler", "health", "health.*", "notify"),
-    "adapters": ("admin", "admin.*", "backends", "checks", "apps", "views", "urls", "metrics", "testing",
-                 "pytest_plugin", "management", "management.*", ""),
+    "adapters": ("admin", "admin.*", "backends", "backends.*", "checks", "apps", "views", "urls", "metrics",
+                 "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
 }
 LAYER_ORDER = list(LAYERS)
 

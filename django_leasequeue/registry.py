@@ -16,14 +16,14 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Self, TypeAlias, TypeVar, Unpack
+from typing import Any, Generic, ParamSpec, Self, TypeVar, Unpack
 
 from .arguments import JobOptions, UsingOptions, check_using, seconds_option
 from .conf import get_settings
 from .exceptions import ConfigurationError, EnqueueError, UnknownTask
 from .retry import BackoffLike
 
-__all__ = ["JobOptions", "P", "R", "Task", "TaskSpec", "UsingOptions", "add_resolver", "autodiscover",
+__all__ = ["JobOptions", "P", "R", "TaskSpec", "UsingOptions", "add_resolver", "autodiscover",
            "close_matches", "did_you_mean", "get_task", "known_task_names", "register_task", "registered_tasks",
            "resolve_task", "unknown_task_help"]
 
@@ -122,10 +122,6 @@ class TaskSpec(Generic[P, R]):
 
 
 
-#: The name older code imports the spec class by: ``isinstance(x, registry.Task)`` holds for every
-#: task ``@task`` returns (a subclass). The class with ``enqueue()`` is
-#: :class:`django_leasequeue.enqueueing.Task`, also importable as ``django_leasequeue.Task``.
-Task: TypeAlias = TaskSpec
 
 
 def register_task(task_spec: TaskSpec[..., Any]) -> None:
@@ -293,3 +289,32 @@ def resolve_task(task_or_name: TaskSpec[..., Any] | str) -> TaskSpec[..., Any]:
                               f"{unknown_task_help(task_or_name)}")
         return task_spec
     raise TypeError(f"enqueue() needs a Task or a registered task name, got {task_or_name!r}")
+
+
+#: Names this module held before the enqueue path got its own modules, and where they live now.
+#: They keep working from here (the API reference documented ``registry.task`` and
+#: ``registry.enqueue``), with a DeprecationWarning. They resolve on first use: this module is a
+#: leaf and must not import :mod:`~django_leasequeue.enqueueing` when it loads (a cycle).
+MOVED = {
+    "Task": "enqueueing", "task": "enqueueing", "enqueue": "enqueueing", "enqueue_many": "enqueueing",
+    "enqueue_on_commit": "enqueueing", "build_job": "enqueueing", "insert_job": "enqueueing",
+    "check_json": "arguments", "check_arguments_bind": "arguments", "check_task_options": "arguments",
+    "encode_payload": "arguments", "encode_payload_many": "arguments", "json_dumps_result": "arguments",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a name of :data:`MOVED` from its new module, warning once per call site.
+
+    Raises:
+        AttributeError: ``name`` is neither defined here nor in :data:`MOVED`.
+    """
+    module = MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"django_leasequeue.registry.{name} moved to django_leasequeue.{module}.{name}",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)

@@ -168,6 +168,9 @@ def package_modules(package: Path = PACKAGE) -> dict[str, str]:
 
 
 def _is_type_checking_block(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``, the test alone (a compound test such
+    as ``TYPE_CHECKING or x`` runs at import time). Whether the name really is typing's is checked
+    by :func:`test_type_checking_is_always_typings`."""
     test = node.test if isinstance(node, ast.If) else None
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
@@ -364,3 +367,70 @@ def test_the_layer_checker_catches_upward_imports_and_cycles():
     # A lazy cycle (both imports inside functions) is a cycle too.
     lazy = {"a": "def f():\n    from . import b\n", "b": "def g():\n    from .a import f\n"}
     assert import_cycles(import_edges(lazy)) == [["a", "b", "a"]]
+
+
+# Imports the AST walk above cannot follow: a module name computed at run time. Each one is
+# declared here with its reason; any other call of these functions in the package fails the test,
+# so a dynamic import cannot slip an upward edge or a cycle past the layer check.
+DYNAMIC_IMPORT_CALLS = {"import_module", "__import__", "import_string", "get_model", "get_models"}
+DYNAMIC_IMPORTS = {
+    ("", "__getattr__"): "the public facade resolves its names from lower layers on first use",
+    ("registry", "autodiscover"): "imports the project's own tasks modules (not the package's)",
+    ("registry", "__getattr__"): "names that moved out of registry (registry.MOVED), resolved on first "
+                                 "use with a DeprecationWarning: the one upward edge, kept for old imports",
+}
+
+
+def dynamic_imports(modules: dict[str, str]) -> list[tuple[str, str, int]]:
+    """``(module, enclosing function or "", line)`` of every call of a dynamic import function."""
+    found = []
+
+    def visit(node: ast.AST, module: str, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Call):
+                func = child.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+                if name in DYNAMIC_IMPORT_CALLS:
+                    found.append((module, function, child.lineno))
+            visit(child, module, inner)
+
+    for module, text in sorted(modules.items()):
+        visit(ast.parse(text), module, "")
+    return found
+
+
+def test_every_dynamic_import_is_declared():
+    undeclared = [f"{_shown(m)}:{line} (in {f or 'module body'})" for m, f, line in dynamic_imports(package_modules())
+                  if (m, f) not in DYNAMIC_IMPORTS]
+    assert undeclared == [], ("a dynamic import hides its target from the layer check; import by name, or "
+                              "declare it in DYNAMIC_IMPORTS with the reason:\n" + "\n".join(undeclared))
+
+
+def test_type_checking_is_always_typings():
+    # A module-level ``TYPE_CHECKING = True`` would make the layer check treat real imports as
+    # typing-only, and so hide a cycle.
+    offenders = []
+    for module, text in package_modules().items():
+        for node in ast.walk(ast.parse(text)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign | ast.AugAssign) else []
+            if any(isinstance(t, ast.Name) and t.id == "TYPE_CHECKING" for t in targets):
+                offenders.append(f"{_shown(module)}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.module != "typing" and any(
+                    (a.asname or a.name) == "TYPE_CHECKING" for a in node.names):
+                offenders.append(f"{_shown(module)}:{node.lineno}")
+    assert offenders == [], f"TYPE_CHECKING must be typing's: {offenders}"
+
+
+def test_the_dynamic_import_check_sees_every_form():
+    text = ("import importlib\n"
+            "def f():\n"
+            "    importlib.import_module('django_leasequeue.store')\n"
+            "    __import__('django_leasequeue.store')\n"
+            "    from django.utils.module_loading import import_string\n"
+            "    import_string('django_leasequeue.worker.WorkerService')\n"
+            "    apps.get_model('django_leasequeue', 'Job')\n"
+            "x = [__import__(n) for n in ('a',)]\n")
+    assert dynamic_imports({"models": text}) == [("models", "f", 3), ("models", "f", 4), ("models", "f", 6),
+                                                 ("models", "f", 7), ("models", "", 8)]

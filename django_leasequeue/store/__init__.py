@@ -46,8 +46,11 @@ Rules every statement follows:
   then releasing. A cancel request is honoured by every later write of the lease.
 
 A new statement goes into the module of its purpose, as a named constant with its why-comment
-above it, next to the function that runs it through ``_db._run``; then add the function (and the
-constant, if the docs quote it) to the imports below.
+above it, next to the function that runs it through ``_db._run`` (one cursor, one statement). A
+function that must run several statements on one cursor or in one transaction opens
+``_db._cursor`` itself and says why (the rate-limited claim, the claim's dead-lettering of corrupt
+rows, monitoring's read-only snapshot). Then add the function (and the constant, if the docs quote
+it) to the imports below.
 """
 
 from __future__ import annotations

@@ -66,13 +66,17 @@ class _Result:
         return self.rows[0] if self.rows else None
 
 
-def _run(sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None, *, alias: str | None = None) -> _Result:
+def _run(sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None, *, alias: str | None = None,
+         describe: bool = False) -> _Result:
     """Open a cursor on ``alias`` (default :func:`db_alias`), execute ``sql`` with ``params`` and
-    fetch every row it returns (none for a statement without a result set)."""
+    fetch every row it returns (none for a statement without a result set). With ``describe``,
+    the result also carries the cursor's column description (for decoding rows by column name)."""
     with _cursor(alias) as cur:
         cur.execute(sql, params)
-        rows = cur.fetchall() if cur.description is not None else []
-        return _Result(rows, cur.rowcount, cur.description)
+        # rownumber is None without a result set; cursor.description would build a Column object
+        # per column on every access, a cost the one-job statements (enqueue) would pay per call.
+        rows = cur.fetchall() if cur.rownumber is not None else []
+        return _Result(rows, cur.rowcount, cur.description if describe else None)
 
 
 @contextmanager

@@ -225,7 +225,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
                               "queues": list(queues) if queues is not None else None}
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:
-        result = _run(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias)
+        result = _run(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias,
+                      describe=True)
         return _decode_claims(result.rows, _column_names(result.description), alias, worker_id=worker_id, now=now)
     rows, description = flow._claim_rated(params, queues, rated, rate_limits, alias=alias)
     names = _column_names(description)

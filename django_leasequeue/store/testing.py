@@ -68,7 +68,7 @@ def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: date
     if not ids:
         return ClaimResult()
     params = {"now": now, "ids": ids, "worker": worker_id, "lease": float(lease), "claim": uuid.uuid4().hex[:16]}
-    result = _run(JOB_CLAIM_IDS, params, alias=alias)
+    result = _run(JOB_CLAIM_IDS, params, alias=alias, describe=True)
     return _decode_claims(result.rows, _column_names(result.description), alias or db_alias(), worker_id=worker_id,
                           now=now)
 

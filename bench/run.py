@@ -757,7 +757,8 @@ def measure_claims(cfg: Config, c: psycopg.Connection, size: int, workdir: str) 
             assert len(jobs) == 10, len(jobs)
             store.job_complete([(j.id, j.lease_version, None) for j in jobs])
     plans = [_plan(store.JOB_CLAIM, {"now": None, "limit": 10, "worker": "bench", "lease": 30.0,
-                                     "queues": ["default"], "claim": "bench", "tasks": None}) for _ in range(5)]
+                                     "queues": ["default"], "claim": "bench", "tasks": None,
+                                     "all_tasks": True}) for _ in range(5)]
     plan, exec_ms = plans[-1][0], statistics.median(p[1] for p in plans)
     with open(os.path.join(workdir, f"claim-plan-{size}.txt"), "w") as f:
         f.write(plan)

@@ -7,10 +7,11 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
 
 * due and ``ready``, queue not paused;
 * a fencing token with room for this claim and a later reap or release (``TOKEN_MAX``);
-* the worker's registered tasks (``%(tasks)s``; NULL: every task). Rolling deploys: a worker never
-  leases (and spends an attempt on) a job it could only dead-letter, while a newer worker that knows
-  the task runs it. With client-side binding the list is a constant of the statement, so for NULL
-  the planner folds the test away, and a list of 9 or more names is hashed;
+* the worker's registered tasks (``%(tasks)s``, unless ``%(all_tasks)s``). Rolling deploys: a worker
+  never leases (and spends an attempt on) a job it could only dead-letter, while a newer worker that
+  knows the task runs it. With client-side binding both are constants of the statement: for every
+  task the planner folds the test away, and a list of 9 or more names is hashed. The flag is a
+  parameter of its own so that the list is quoted (and sent) once per claim, not twice;
 * the per-key concurrency admission (docs/howto/flow-control.md), last: a row of another task must not
   take a key's slot. A candidate with a concurrency key is admitted only if fewer than its
   concurrency_limit jobs of that key are leased, counting the ones this statement already admitted.
@@ -92,7 +93,7 @@ picked AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
-          AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+          AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
@@ -134,7 +135,7 @@ picked AS MATERIALIZED (
     FROM {JOB_TABLE} j, clock
     WHERE j.status = 'ready' AND j.run_at <= clock.now
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
-      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+      AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
       AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
@@ -222,6 +223,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     alias = alias or db_alias()
     params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
                               "claim": uuid.uuid4().hex[:16], "tasks": list(tasks) if tasks is not None else None,
+                              "all_tasks": tasks is None,
                               "queues": list(queues) if queues is not None else None}
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:

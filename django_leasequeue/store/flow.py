@@ -83,7 +83,7 @@ picked AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
-          AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+          AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
@@ -182,7 +182,7 @@ unrated AS MATERIALIZED (
     FROM {JOB_TABLE} j, clock
     WHERE j.status = 'ready' AND j.run_at <= clock.now AND j.queue <> ALL(%(queues)s::text[])
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
-      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+      AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
       AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
@@ -200,7 +200,7 @@ rated AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_at
         FROM {JOB_TABLE} j
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
-          AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+          AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)

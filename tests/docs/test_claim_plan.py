@@ -43,7 +43,7 @@ def test_claim_walks_the_ready_index_under_the_row_lock():
         cur.execute(SEED, {"rows": 20_000})
         cur.execute("VACUUM ANALYZE leasequeue_job")
     params = {"now": None, "limit": 10, "worker": "host:1:docs", "lease": 30.0, "claim": "docs",
-              "queues": ["q1", "q2"], "tasks": None}
+              "queues": ["q1", "q2"], "tasks": None, "all_tasks": True}
     plan = plan_of(store.JOB_CLAIM, params)
     nodes = scans(plan, "leasequeue_job")
     assert "Index Scan (leasequeue_job_ready)" in nodes, nodes
@@ -60,8 +60,8 @@ def test_claim_of_registered_tasks_keeps_the_plan(named):
         cur.execute(SEED, {"rows": 20_000})
         cur.execute("VACUUM ANALYZE leasequeue_job")
     every_task = {"now": None, "limit": 10, "worker": "host:1:docs", "lease": 30.0, "claim": "docs",
-                  "queues": ["q1", "q2"] if named else None, "tasks": None}
-    params = {**every_task, "tasks": [f"bench.task_{i}" for i in range(12)]}
+                  "queues": ["q1", "q2"] if named else None, "tasks": None, "all_tasks": True}
+    params = {**every_task, "tasks": [f"bench.task_{i}" for i in range(12)], "all_tasks": False}
     sql = store.JOB_CLAIM if named else store.JOB_CLAIM_ANY_QUEUE
     plan = plan_of(sql, params)
     nodes = scans(plan, "leasequeue_job")

@@ -131,7 +131,8 @@ def test_simultaneous_claimers_never_exceed_the_limit():
 
 def test_plain_claim_plan_keeps_the_predicate_inside_the_locked_scan():
     """EXPLAIN: the admission filter is on the index scan under LockRows."""
-    params = {"now": None, "limit": 4, "worker": "t", "lease": 30.0, "claim": "x", "queues": ["flow"], "tasks": None}
+    params = {"now": None, "limit": 4, "worker": "t", "lease": 30.0, "claim": "x", "queues": ["flow"], "tasks": None,
+              "all_tasks": True}
     with connection.cursor() as cur:
         cur.execute("EXPLAIN (COSTS OFF) " + store.JOB_CLAIM, params)
         plan = [r[0] for r in cur.fetchall()]

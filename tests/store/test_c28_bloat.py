@@ -79,7 +79,7 @@ def test_c28_claims_stay_on_the_ready_index_with_200k_finished_rows_and_an_old_s
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.JOB_CLAIM,
                         {"now": None, "limit": 1, "worker": "w", "lease": 30.0, "claim": "c", "queues": ["default"],
-                         "tasks": None})
+                         "tasks": None, "all_tasks": True})
             plan = cur.fetchone()[0][0]["Plan"]
             transaction.set_rollback(True)
         assert ("Index Scan", "leasequeue_job_ready") in scans(plan)

@@ -98,5 +98,5 @@ def test_the_claim_variants_spell_the_shared_rules_alike(sql):
     assert admission.group(0) in _squash(sql)
     assert lease_set.group(0) in _squash(sql)
     assert returning.group(1) in _squash(sql)
-    tasks = "AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))"
+    tasks = "AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))"
     assert tasks in plain and (tasks in sql) == (sql is not testing.JOB_CLAIM_IDS)

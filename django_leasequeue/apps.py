@@ -42,3 +42,7 @@ class LeaseQueueConfig(AppConfig):
         if any(isinstance(cfg, dict) and str(cfg.get("BACKEND", "")).startswith("django_leasequeue.")
                for cfg in backends.values()):
             from . import compat_tasks  # noqa: F401
+            from .backends.events import _install_attempt_hook
+
+            # Once per process, before any worker thread runs a framework task.
+            _install_attempt_hook()

@@ -188,19 +188,22 @@ class AttemptHook(Protocol):
 
 
 _HOOKS: list[AttemptHook] = []
+_HOOKS_LOCK = threading.Lock()
 
 
 def install_attempt_hook(hook: AttemptHook) -> None:
     """Add ``hook`` to the attempt hooks of every executor in this process (once: installing the
     same object again does nothing)."""
-    if hook not in _HOOKS:
-        _HOOKS.append(hook)
+    with _HOOKS_LOCK:
+        if hook not in _HOOKS:
+            _HOOKS.append(hook)
 
 
 def uninstall_attempt_hook(hook: AttemptHook) -> None:
     """Remove ``hook`` from the attempt hooks; nothing when it is not installed."""
-    if hook in _HOOKS:
-        _HOOKS.remove(hook)
+    with _HOOKS_LOCK:
+        if hook in _HOOKS:
+            _HOOKS.remove(hook)
 
 
 def attempt_started(ctx: JobContext) -> None:

@@ -128,10 +128,9 @@ def _on_lease_expired(sender: Any, event: str, job_id: int | None = None, task: 
 
 
 def _install_attempt_hook() -> None:
-    """Install :class:`_FinishedHook` in the executor (once). Called when a backend is configured
-    once the app registry is ready (the executor's modules import the models; this module is
-    imported while Django loads its settings), and by the runner before the task starts, for a
-    backend configured earlier."""
+    """Install :class:`_FinishedHook` in the executor (once). Called by the app's ``ready()`` when
+    ``TASKS`` names our backend, and by a backend configured after that (``override_settings``):
+    the executor's modules import the models, so never before the app registry is ready."""
     from ..executor import install_attempt_hook
 
     install_attempt_hook(_FINISHED_HOOK)

@@ -11,7 +11,7 @@ from .. import arguments
 from ..compat_tasks import Task, normalize_json, task_started
 from ..context import JobContext
 from ..exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
-from .events import _ATTEMPT_KEY, _Attempt, _install_attempt_hook, _send
+from .events import _ATTEMPT_KEY, _Attempt, _send
 from .registered import _backend_of
 from .results import _load_job
 from .tasks import LeaseQueueTaskContext
@@ -55,7 +55,6 @@ class _Runner:
                 raise LeaseLost(f"job {job.job_id}: lease {job.lease_version} was lost before the task started")
             result = backend.result_from_job(row, task)
         attempt = _Attempt(task=task, result=result)
-        _install_attempt_hook()
         job.attempt_data[_ATTEMPT_KEY] = attempt
         _send(task_started, backend, result)
         try:

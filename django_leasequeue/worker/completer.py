@@ -19,7 +19,7 @@ from django.db import DatabaseError
 
 from .. import signals, store
 from ..context import JobContext
-from ..executor import attempt_ended, ctx_fields, end_attempt, report_lease_lost, with_reconnect
+from ..executor import _HOOKS, attempt_ended, ctx_fields, end_attempt, report_lease_lost, with_reconnect
 from ..failures import describe_error
 from ..runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 
@@ -138,7 +138,8 @@ class Completer(Service):
                 if ctx.job_id in done:
                     if report:
                         signals.emit("succeeded", **ctx_fields(ctx))
-                    attempt_ended(ctx, "succeeded")
+                    if _HOOKS:
+                        attempt_ended(ctx, "succeeded")
                     continue
                 fields = ctx_fields(ctx)
                 if ctx.job_id in done.cancelled:  # cancel requested while it ran: result discarded

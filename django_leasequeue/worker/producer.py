@@ -100,8 +100,9 @@ class Producer:
                 pool.inflight[item.job.id] = item
             pool.saturated = len(jobs) >= want
             idle = not pool.inflight
+        put = pool.tasks.put
         for item in items:
-            pool.dispatch(item)
+            put(item)
         self.short_claim = len(jobs) < want
         wait = jobs.throttle_wait
         if wait is not None and len(jobs) < want:

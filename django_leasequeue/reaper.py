@@ -20,7 +20,6 @@ Events emitted: lease_expired, dead_lettered, cancelled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 
 from . import signals, store
@@ -138,31 +137,25 @@ class ReaperService(RegisteredService):
         process_id: the registry row's id, also recorded as the ``worker`` of the jobs it
             dead-letters as unknown (default ``host:pid:reaper``; a worker passes its own id).
         alias: the database alias (None: the queue's).
-        before_sweep: called at the start of each :meth:`sweep`; an exception it raises skips the
-            sweep (a worker writes its pending completions there).
     """
 
     name = "reaper"
     kind = "reaper"
 
     def __init__(self, *, interval: float | None = None, settings: Settings | None = None,
-                 process_id: str | None = None, alias: str | None = None,
-                 before_sweep: Callable[[], None] | None = None) -> None:
+                 process_id: str | None = None, alias: str | None = None) -> None:
         super().__init__()
         self.settings = settings or get_settings()
         self.interval = float(interval or self.settings.reaper_interval)
         self.alias = alias or store.db_alias()
         self.process_id = process_id or make_process_id("reaper")
-        self.before_sweep = before_sweep
         self._runs = 0
         self._next_process_prune = 0.0
         self.reaped = 0
 
     def sweep(self) -> int:
-        """Run ``before_sweep``, take back expired leases and dead-letter the jobs of unknown
-        tasks. Returns how many leases were taken back."""
-        if self.before_sweep is not None:
-            self.before_sweep()
+        """Take back expired leases and dead-letter the jobs of unknown tasks. Returns how many
+        leases were taken back."""
         reaped = len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
         self.reaped += reaped
         dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)

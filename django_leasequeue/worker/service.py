@@ -164,8 +164,7 @@ class WorkerService(RegisteredService):
         self.heartbeat = HeartbeatService(pool=self.pool, lease=self.lease, alias=self.alias,
                                           check_stuck=self.check_stuck, beat_process=self.beat)
         self.reaper = ReaperService(interval=self.settings.reaper_interval, settings=self.settings,
-                                    process_id=self.worker_id, alias=self.alias,
-                                    before_sweep=self._flush_before_sweep)
+                                    process_id=self.worker_id, alias=self.alias)
         use_notify = self.settings.notify if notify is None else notify
         self.listener = Listener(self, channel=self.settings.notify_channel) if use_notify else None
         self.exit_code = 0  # EXIT_STUCK once stopped because of stuck handlers
@@ -177,6 +176,16 @@ class WorkerService(RegisteredService):
     def claimed(self) -> int:
         """Jobs claimed since start."""
         return self.producer.claimed
+
+    @property
+    def throttled(self) -> int:
+        """Claims cut short by a queue's rate limit since start."""
+        return self.producer.throttled
+
+    @property
+    def prefetch_released(self) -> int:
+        """Prefetched jobs given back unstarted since start."""
+        return self.pool.prefetch_released
 
     def _after_completions(self) -> None:
         if self.producer.short_claim:
@@ -251,7 +260,8 @@ class WorkerService(RegisteredService):
     def run_once(self) -> float:
         now = time.monotonic()
         if self.reap and now >= self._next_reap:
-            self._next_reap = now + self.settings.reaper_interval
+            self._next_reap = now + self.reaper.interval
+            self._flush_before_sweep()
             self.reaper.sweep()
             self.reaper.prune_processes_due(now)
         delay = self.producer.claim()

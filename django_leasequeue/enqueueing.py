@@ -32,7 +32,7 @@ from .arguments import (
     run_at_delay,
     seconds_option,
 )
-from .conf import get_settings, queue_name_problem
+from .conf import Settings, get_settings, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
 from .registry import P, R, TaskSpec, register_task, resolve_task
 from .retry import BackoffLike
@@ -308,7 +308,8 @@ def insert_job(new: NewJob) -> tuple[Job, bool]:
     raise EnqueueError(f"unique_key {new.unique_key!r} kept changing hands; try again")
 
 def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alias: str | None = None,
-                event_fields: Callable[[Job], Mapping[str, Any]] | None = None) -> list[Job]:
+                event_fields: Callable[[Job], Mapping[str, Any]] | None = None,
+                settings: Settings | None = None) -> list[Job]:
     """Insert jobs built by :func:`build_job` in one statement, in the caller's transaction.
 
     Args:
@@ -317,13 +318,15 @@ def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alia
         alias: the database alias; None: the job table's.
         event_fields: extra fields of each job's ``enqueued`` event (the scheduler's schedule name
             and occurrence), or None.
+        settings: whose ``NOTIFY`` and ``NOTIFY_CHANNEL`` wake the workers (the scheduler's own);
+            None: the project's.
 
     Returns:
         The inserted jobs; a job whose ``unique_key`` is taken is skipped (not returned, no event).
     """
     from . import store
 
-    settings = get_settings()
+    settings = settings or get_settings()
     rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now, alias=alias)
     if rows and signals.enabled("enqueued"):
         for job in rows:

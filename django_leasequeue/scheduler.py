@@ -27,7 +27,6 @@ number of schedulers) follows Solid Queue's recurring tasks and Oban's cron plug
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import time
@@ -40,7 +39,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import cron, registry, store
-from .conf import Settings, get_settings
+from .conf import Settings, get_settings, unknown_keys_hint
 from .enqueueing import build_job, insert_jobs
 from .exceptions import ConfigurationError, UnknownTask
 from .models import Job, Schedule
@@ -142,11 +141,8 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
         raise ConfigurationError(f"{where} must be a dict of options, got {options!r}")
     unknown = sorted(set(options) - set(SETTINGS_KEYS))
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), SETTINGS_KEYS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigurationError(f"{where}: unknown option(s) {', '.join(hints)}; allowed: {', '.join(SETTINGS_KEYS)}")
+        raise ConfigurationError(f"{where}: unknown option(s) {unknown_keys_hint(unknown, SETTINGS_KEYS)}; "
+                                 f"allowed: {', '.join(SETTINGS_KEYS)}")
     missing = [key for key in ("task", "cron") if key not in options]
     if missing:
         raise ConfigurationError(f"{where}: missing required option(s) {', '.join(map(repr, missing))}")
@@ -402,7 +398,7 @@ class SchedulerService(RegisteredService):
 
         for start in range(0, len(jobs), INSERT_BATCH):
             for job in insert_jobs(jobs[start:start + INSERT_BATCH], now=now, alias=self.alias,
-                                   event_fields=event_fields):
+                                   event_fields=event_fields, settings=self.settings):
                 inserted[(job.schedule_id, job.occurrence_at)] = job
         advances = []
         for row, plan in plans:

@@ -100,3 +100,17 @@ def test_the_claim_variants_spell_the_shared_rules_alike(sql):
     assert returning.group(1) in _squash(sql)
     tasks = "AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))"
     assert tasks in plain and (tasks in sql) == (sql is not testing.JOB_CLAIM_IDS)
+
+
+def test_the_two_rated_claims_share_their_rate_bookkeeping_word_for_word():
+    """The rate-limited claims differ only in how they pick candidates; the queues' allowance (``q``)
+    and everything from the lease on (``claimed``, ``counts``, ``logged``, ``waits`` and the final
+    SELECT) is the same text in both, so a fix to the rate log cannot reach one and miss the other."""
+    def parts(sql: str) -> tuple[str, str]:
+        text = _squash(sql)
+        allowance = re.search(r"q AS MATERIALIZED \(.*?\), (?:picked|unrated) AS", text)
+        tail = text[text.index("claimed AS ("):]
+        assert allowance is not None
+        return allowance.group(0).rsplit("),", 1)[0], tail
+
+    assert parts(flow.JOB_CLAIM_RATED) == parts(flow.JOB_CLAIM_ANY_QUEUE_RATED)

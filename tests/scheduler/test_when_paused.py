@@ -231,3 +231,17 @@ def test_settings_schedule_with_a_misspelt_option_gets_a_hint():
     with pytest.raises(ConfigurationError) as info:
         load_settings_schedules({"nightly": {"task": NOOP, "cron": "0 2 * * *", "when_pause": "skip"}})
     assert "when_paused" in str(info.value)
+
+
+def test_runscheduler_once_reports_the_skipped_occurrence(capsys):
+    from django.core.management import call_command
+
+    due_at = store.db_now().replace(second=0, microsecond=0)
+    schedule = make_schedule(cron="* * * * *", queue=QUEUE, when_paused="skip")
+    Schedule.objects.filter(pk=schedule.pk).update(last_occurrence_at=due_at - MIN, next_occurrence_at=due_at)
+    store.queue_pause(QUEUE)
+    call_command("runscheduler", "--once", "--no-sync")
+    lines = capsys.readouterr().out.splitlines()
+    assert "emitted 0 job(s)" in lines[0]
+    assert lines[1] == "  paused queue: skipped 1, coalesced 0 occurrence(s) (see each schedule's when_paused)"
+    assert not Job.objects.exists()

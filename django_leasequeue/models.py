@@ -169,7 +169,11 @@ class DeadLetter(Job):
 
 # The scheduler's bookkeeping of a schedule: written by the scheduler's own statements (and by
 # Schedule.save() only when recomputing it under the row lock), never from a copy of the row.
-SCHEDULE_BOOKKEEPING = ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences")
+SCHEDULE_BOOKKEEPING = ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "paused_skipped",
+                        "paused_coalesced", "paused_log")
+
+PAUSED_LOG_SIZE = 20
+"""Entries kept in ``Schedule.paused_log`` (the newest ones)."""
 
 
 class Schedule(models.Model):
@@ -199,6 +203,11 @@ class Schedule(models.Model):
         ALL = "all", "every missed occurrence (capped)"
         NONE = "none", "skip missed occurrences"
 
+    class WhenPaused(models.TextChoices):
+        LATEST = "latest", "keep one pending job: the latest occurrence"
+        SKIP = "skip", "skip occurrences while paused"
+        ALL = "all", "keep every occurrence's job"
+
     name = models.CharField(max_length=200, unique=True)
     task = models.CharField(max_length=255)
     args = models.JSONField(default=list, blank=True)
@@ -213,6 +222,19 @@ class Schedule(models.Model):
     last_occurrence_at = models.DateTimeField(null=True, blank=True)
     next_occurrence_at = models.DateTimeField(null=True, blank=True)
     skipped_occurrences = models.PositiveBigIntegerField(default=0)
+    # What an occurrence due while the target queue is paused becomes (docs/howto/schedules.md).
+    # db_default: the statements that insert schedule rows (the settings sync) need not list them.
+    when_paused = models.CharField(
+        max_length=10, choices=WhenPaused.choices, default=WhenPaused.LATEST, db_default=WhenPaused.LATEST,
+        help_text="while the target queue is paused: latest (one pending job), skip, or all")
+    paused_skipped = models.PositiveBigIntegerField(
+        default=0, db_default=0, help_text="occurrences not emitted because the queue was paused (when_paused=skip)")
+    paused_coalesced = models.PositiveBigIntegerField(
+        default=0, db_default=0,
+        help_text="occurrences superseded by a later one while the queue was paused (when_paused=latest)")
+    paused_log = models.JSONField(
+        default=list, db_default=[], blank=True,
+        help_text="the newest skipped or coalesced occurrences: [{occurrence, action, queue, job, kept, at}, ...]")
     source = models.CharField(max_length=10, default="admin", help_text="'settings' or 'admin'")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -18,6 +18,13 @@ Schedules come from the admin (or any ``Schedule.save()``) and from the ``LEASEQ
 setting, which :func:`sync_schedules` writes into the table when a scheduler starts (and
 ``manage.py syncschedules``). Settings win for the schedules they declare; see docs/howto/schedules.md.
 
+When an occurrence's target queue is paused, the schedule's ``when_paused`` policy decides what
+it becomes: ``"latest"`` (the default) keeps at most one pending job, the latest occurrence's, and
+cancels the older pending ones as coalesced (:func:`store.job_coalesce`); ``"skip"`` emits nothing;
+``"all"`` emits every occurrence as if the queue ran. Each skipped or coalesced occurrence is
+counted on the schedule and logged in its bounded ``paused_log`` (:func:`store.schedule_record_paused`).
+The pause is read once per batch: a queue paused or resumed during a tick takes effect at the next.
+
 Each scheduler process registers a ``WorkerProcess`` row of kind ``"scheduler"`` and stamps its
 ``last_tick_at`` on every tick, so monitoring can tell a stopped scheduler.
 
@@ -42,7 +49,7 @@ from . import cron, registry, store
 from .conf import Settings, get_settings, unknown_keys_hint
 from .enqueueing import build_job, insert_jobs
 from .exceptions import ConfigurationError, UnknownTask
-from .models import Job, Schedule
+from .models import PAUSED_LOG_SIZE, Job, Schedule
 from .processes import RegisteredService, make_process_id
 
 logger = logging.getLogger("django_leasequeue.scheduler")
@@ -63,7 +70,7 @@ MIN_WAIT = 0.05
 
 SETTING = "LEASEQUEUE_SCHEDULES"
 SETTINGS_KEYS = ("task", "cron", "timezone", "args", "kwargs", "queue", "priority", "enabled", "catch_up",
-                 "catch_up_limit")
+                 "catch_up_limit", "when_paused")
 
 
 def occurrence_key(schedule_id: int, occurrence: datetime) -> str:
@@ -99,7 +106,8 @@ def load_settings_schedules(raw: Mapping[str, Any] | None = None, *,
     ``timezone`` (IANA name; default ``""``: the project's ``TIME_ZONE``), ``args`` (list),
     ``kwargs`` (dict), ``queue`` (default ``""``: the task's queue), ``priority`` (default: the
     task's), ``enabled`` (default True), ``catch_up`` (``"latest"``, ``"all"``, ``"none"``; default
-    ``"latest"``) and ``catch_up_limit`` (default 10).
+    ``"latest"``), ``catch_up_limit`` (default 10) and ``when_paused`` (``"latest"``, ``"skip"``,
+    ``"all"``; default ``"latest"``: what an occurrence due while the target queue is paused becomes).
 
     Args:
         raw: the setting's value; None reads ``settings.LEASEQUEUE_SCHEDULES`` (missing: ``{}``).
@@ -112,7 +120,8 @@ def load_settings_schedules(raw: Mapping[str, Any] | None = None, *,
     Raises:
         ConfigurationError: listing every invalid entry by name with the offending value (unknown
             key with a did-you-mean, missing task or cron, invalid cron, unknown zone, unregistered
-            task, non-JSON arguments, bad queue, priority, catch-up policy or limit).
+            task, non-JSON arguments, bad queue, priority, catch-up policy or limit, or
+            ``when_paused`` policy).
     """
     if raw is None:
         from django.conf import settings
@@ -154,12 +163,17 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
         args = list(args)
     types = {"task": (task, str), "cron": (options["cron"], str), "timezone": (options.get("timezone", ""), str),
              "queue": (options.get("queue", ""), str), "enabled": (options.get("enabled", True), bool),
-             "catch_up_limit": (options.get("catch_up_limit", cron.DEFAULT_CATCH_UP_LIMIT), int)}
+             "catch_up_limit": (options.get("catch_up_limit", cron.DEFAULT_CATCH_UP_LIMIT), int),
+             "when_paused": (options.get("when_paused", Schedule.WhenPaused.LATEST), str)}
     if "priority" in options:
         types["priority"] = (options["priority"], int)
     for key, (value, kind) in types.items():
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigurationError(f"{where}: {key} must be a {kind.__name__}, got {value!r}")
+    when_paused = options.get("when_paused", Schedule.WhenPaused.LATEST)
+    if when_paused not in Schedule.WhenPaused.values:
+        raise ConfigurationError(f"{where}: when_paused must be one of "
+                                 f"{', '.join(map(repr, Schedule.WhenPaused.values))}, got {when_paused!r}")
     priority = options.get("priority")
     if priority is None:  # default: the task's own priority, as for enqueue()
         try:
@@ -171,7 +185,8 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
                    args=args, kwargs=options.get("kwargs", {}), queue=options.get("queue", ""),
                    priority=priority, enabled=options.get("enabled", True),
                    catch_up=options.get("catch_up", cron.DEFAULT_CATCH_UP),
-                   catch_up_limit=options.get("catch_up_limit", cron.DEFAULT_CATCH_UP_LIMIT), source="settings")
+                   catch_up_limit=options.get("catch_up_limit", cron.DEFAULT_CATCH_UP_LIMIT), source="settings",
+                   when_paused=when_paused)
     try:
         row.full_clean(validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
@@ -183,7 +198,7 @@ def _definition(name: Any, options: Any, where: str, now: datetime | None) -> st
     return store.ScheduleDefinition(
         name=row.name, task=row.task, args_json=json.dumps(row.args), kwargs_json=json.dumps(row.kwargs),
         cron=row.cron, timezone=row.timezone, queue=row.queue, priority=row.priority, enabled=row.enabled,
-        catch_up=row.catch_up, catch_up_limit=row.catch_up_limit, next_at=next_at,
+        catch_up=row.catch_up, catch_up_limit=row.catch_up_limit, next_at=next_at, when_paused=row.when_paused,
     )
 
 
@@ -238,6 +253,10 @@ class TickResult:
         emitted: ``(schedule id, occurrence)`` of each job this tick inserted.
         duplicates: ``(schedule id, occurrence)`` whose job already existed (another scheduler won).
         skipped: due occurrences not emitted under the schedules' catch-up policies.
+        paused_skipped: ``(schedule id, occurrence)`` not emitted because the target queue was
+            paused (``when_paused="skip"``).
+        coalesced: ``(schedule id, occurrence)`` superseded by a later occurrence while the target
+            queue was paused (``when_paused="latest"``): never inserted, or its pending job cancelled.
         errors: schedule id -> error message, for schedules that could not be handled (left due).
         next_due: the earliest stored next occurrence of an enabled schedule after the tick (None:
             no enabled schedule), ignoring the failed ones.
@@ -248,6 +267,8 @@ class TickResult:
     emitted: list[tuple[int, datetime]] = field(default_factory=list)
     duplicates: list[tuple[int, datetime]] = field(default_factory=list)
     skipped: int = 0
+    paused_skipped: list[tuple[int, datetime]] = field(default_factory=list)
+    coalesced: list[tuple[int, datetime]] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     next_due: datetime | None = None
 
@@ -363,6 +384,9 @@ class SchedulerService(RegisteredService):
             now: aware datetime, the tick's time.
             result: a :class:`TickResult` to add to (default: a new one).
 
+        A schedule whose target queue is paused follows its ``when_paused`` policy (see the module
+        docstring); the pause is read once, here.
+
         Returns:
             ``result``. A schedule whose plan fails is recorded in ``result.errors`` and skipped.
         """
@@ -370,6 +394,11 @@ class SchedulerService(RegisteredService):
         result.checked += len(rows)
         plans: list[tuple[store.ScheduleRow, cron.DuePlan]] = []
         jobs: list[store.NewJob] = []
+        # Occurrences to insert per schedule (all of plan.emit unless its queue is paused), and
+        # (policy, queue, occurrences held back) of the schedules whose queue is paused.
+        kept: dict[int, list[datetime]] = {}
+        held: dict[int, tuple[str, str, list[datetime]]] = {}
+        paused: set[str] | None = None
         for row in rows:
             try:
                 plan = cron.due(row.cron, row.timezone or _project_zone(), last=row.last_occurrence_at,
@@ -384,6 +413,16 @@ class SchedulerService(RegisteredService):
                 continue
             self._reported.pop((row.id, "error"), None)
             plans.append((row, plan))
+            kept[row.id] = list(plan.emit)
+            if new and row.when_paused != Schedule.WhenPaused.ALL:
+                if paused is None:
+                    paused = set(store.queue_paused_names(alias=self.alias))
+                queue = new[0].queue
+                if queue in paused:
+                    # skip: nothing; latest: only the newest occurrence of the plan.
+                    cut = len(new) if row.when_paused == Schedule.WhenPaused.SKIP else len(new) - 1
+                    held[row.id] = (row.when_paused, queue, list(plan.emit[:cut]))
+                    kept[row.id], new = list(plan.emit[cut:]), new[cut:]
             jobs += new
         inserted: dict[tuple[int | None, datetime | None], Job] = {}
         job: Job | None
@@ -402,7 +441,7 @@ class SchedulerService(RegisteredService):
                 inserted[(job.schedule_id, job.occurrence_at)] = job
         advances = []
         for row, plan in plans:
-            for occurrence in plan.emit:
+            for occurrence in kept[row.id]:
                 job = inserted.get((row.id, occurrence))
                 if job is None:
                     # Another scheduler emitted it first (or this one, from a stale read): normal.
@@ -417,15 +456,60 @@ class SchedulerService(RegisteredService):
                 logger.info("schedule %r: skipped %s%s missed occurrence(s) (catch_up=%r%s)", row.name,
                             plan.skipped, "+" if plan.skipped_is_lower_bound else "", row.catch_up,
                             f", limit {row.catch_up_limit}" if row.catch_up == "all" else "")
-            advances.append(store.ScheduleAdvance(schedule_id=row.id, last=plan.emit[-1] if plan.emit else None,
+            advances.append(store.ScheduleAdvance(schedule_id=row.id, last=kept[row.id][-1] if kept[row.id] else None,
                                                   next_at=plan.next_at, skipped=plan.skipped, cron=row.cron,
                                                   timezone=row.timezone))
         advanced = store.schedule_advance(advances, alias=self.alias)
+        if held:
+            self._record_paused(plans, held, kept, inserted, now, result)
         for row, _ in plans:
             if row.id not in advanced:
                 logger.debug("schedule %r was edited or disabled during the tick; its new definition applies",
                              row.name)
         return result
+
+    def _record_paused(self, plans: Sequence[tuple[store.ScheduleRow, cron.DuePlan]],
+                       held: Mapping[int, tuple[str, str, list[datetime]]], kept: Mapping[int, list[datetime]],
+                       inserted: Mapping[tuple[int | None, datetime | None], Job], now: datetime,
+                       result: TickResult) -> None:
+        """Coalesce the pending jobs of the ``latest`` schedules whose queue is paused, and record
+        every skipped or coalesced occurrence on its schedule (counters and ``paused_log``)."""
+        names = {row.id: row.name for row, _ in plans}
+        entries: dict[int, list[dict[str, Any]]] = {sid: [] for sid in held}
+        counts: dict[int, list[int]] = {sid: [0, 0] for sid in held}  # [skipped, coalesced]
+        at = now.astimezone(UTC).isoformat()
+
+        def note(sid: int, occurrence: datetime, action: str, queue: str, job: int | None,
+                 kept_at: datetime | None) -> None:
+            entries[sid].append({"occurrence": occurrence.astimezone(UTC).isoformat(), "action": action,
+                                 "queue": queue, "job": job,
+                                 "kept": kept_at.astimezone(UTC).isoformat() if kept_at else None, "at": at})
+            counts[sid][0 if action == "skipped" else 1] += 1
+            (result.paused_skipped if action == "skipped" else result.coalesced).append((sid, occurrence))
+
+        latest: list[tuple[int, str]] = []
+        for sid, (policy, queue, occurrences) in held.items():
+            if policy == Schedule.WhenPaused.SKIP:
+                for occurrence in occurrences:
+                    note(sid, occurrence, "skipped", queue, None, None)
+                continue
+            latest.append((sid, queue))
+            newest = kept[sid][-1]
+            # The plan's older occurrences were never inserted; they count only when this
+            # scheduler inserted the newest one (else another scheduler did this work and counted).
+            if (sid, newest) in inserted:
+                for occurrence in occurrences:
+                    note(sid, occurrence, "coalesced", queue, None, newest)
+        for job in store.job_coalesce(latest, now=now, alias=self.alias):
+            note(job.schedule_id, job.occurrence_at, "coalesced", job.queue, job.job_id, job.kept_at)
+        records = [store.PausedRecord(schedule_id=sid, skipped=counts[sid][0], coalesced=counts[sid][1],
+                                      entries=sorted(entries[sid], key=lambda e: e["occurrence"]))
+                   for sid in held if entries[sid]]
+        store.schedule_record_paused(records, keep=PAUSED_LOG_SIZE, alias=self.alias)
+        for record in records:
+            logger.info("schedule %r: queue %r is paused: skipped %s, coalesced %s occurrence(s) (when_paused=%r)",
+                        names.get(record.schedule_id), held[record.schedule_id][1], record.skipped,
+                        record.coalesced, held[record.schedule_id][0])
 
     def _new_job(self, row: store.ScheduleRow, occurrence: datetime) -> store.NewJob:
         try:

@@ -131,6 +131,9 @@ def save(schedule: Schedule, write: Callable[..., None], **kwargs: Any) -> None:
             schedule.next_occurrence_at = old["next_occurrence_at"]
         schedule.last_occurrence_at = old["last_occurrence_at"]
         schedule.skipped_occurrences = old["skipped_occurrences"]
+        schedule.paused_skipped = old["paused_skipped"]
+        schedule.paused_coalesced = old["paused_coalesced"]
+        schedule.paused_log = old["paused_log"]
         write(**{**kwargs, "update_fields": owned})
 
 

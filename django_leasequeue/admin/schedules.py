@@ -56,12 +56,28 @@ class ScheduleForm(_ScheduleFormBase):
     class Meta:
         model = Schedule
         fields = ("name", "task", "cron", "timezone", "args", "kwargs", "queue", "priority", "enabled",
-                  "catch_up", "catch_up_limit")
+                  "catch_up", "catch_up_limit", "when_paused")
         help_texts = {
             "cron": "5 fields (minute hour day month weekday), or 6 with seconds last; @daily, @hourly… "
                     "Evaluated on the wall clock of the time zone below.",
             "timezone": "IANA name such as Europe/Berlin; blank: the project's TIME_ZONE.",
+            "when_paused": "What an occurrence due while the target queue is paused becomes: latest keeps one "
+                           "pending job (the latest occurrence, older pending ones are cancelled as coalesced), "
+                           "skip emits nothing, all emits every occurrence.",
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A form posted without the field (a script written before it existed) keeps the stored
+        # policy, or the default for a new schedule, instead of failing as "required".
+        if "when_paused" in self.fields:
+            self.fields["when_paused"].required = False
+
+    def clean_when_paused(self) -> str:
+        value = self.cleaned_data.get("when_paused")
+        if not value:
+            value = self.instance.when_paused if self.instance.pk else Schedule.WhenPaused.LATEST
+        return str(value)
 
     # The model reports bad arguments with code "invalid", which a ModelForm replaces by the form
     # field's own "invalid" message ("Enter a valid JSON.") for JSON fields; checking them here
@@ -130,12 +146,13 @@ class ScheduleAdmin(_ScheduleAdminBase):
 
     form = ScheduleForm
     list_display = ("name", "task", "cron", "cron_words", "zone", "enabled", "next_occurrence_at",
-                    "last_occurrence_at")
-    list_filter = ("enabled", "source")
+                    "last_occurrence_at", "when_paused", "paused_record")
+    list_filter = ("enabled", "source", "when_paused")
     search_fields = ("name", "task")
     actions = ["enable_selected", "disable_selected", "run_now_selected"]
     readonly_fields = ("cron_words", "next_five", "last_occurrence_at", "next_occurrence_at",
-                       "skipped_occurrences", "source", "created_at", "updated_at")
+                       "skipped_occurrences", "source", "created_at", "updated_at", "paused_skipped",
+                       "paused_coalesced", "paused_log_table")
     change_form_template = "admin/django_leasequeue/schedule/change_form.html"
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
@@ -144,7 +161,30 @@ class ScheduleAdmin(_ScheduleAdminBase):
             ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
             ("State", {"fields": ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "source",
                                   "created_at", "updated_at")}),
+            ("While the queue is paused", {"fields": ("when_paused", "paused_skipped", "paused_coalesced",
+                                                      "paused_log_table")}),
         )
+
+    @admin.display(description="while paused: skipped / coalesced")
+    def paused_record(self, obj: Schedule) -> str:
+        return f"{obj.paused_skipped} / {obj.paused_coalesced}"
+
+    @admin.display(description="recent skipped or coalesced occurrences")
+    def paused_log_table(self, obj: Schedule) -> str:
+        if not obj or not obj.paused_log:
+            return "—"
+        rows = []
+        for entry in reversed(obj.paused_log):  # newest first
+            job = entry.get("job")
+            link = (format_html('<a href="{}">#{}</a>', reverse(f"admin:{APP}_job_change", args=[job]), job)
+                    if job else "—")
+            rows.append((entry.get("occurrence", ""), entry.get("action", ""), entry.get("queue", ""), link,
+                         entry.get("kept") or "—", entry.get("at", "")))
+        return format_html(
+            "<table class='lq-paused-log'><thead><tr><th>occurrence</th><th>action</th><th>queue</th>"
+            "<th>cancelled job</th><th>kept occurrence</th><th>at</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                             rows))
 
     @admin.display(description="in words")
     def cron_words(self, obj: Schedule) -> str:

@@ -174,21 +174,27 @@ from .read import (
     snapshot_rows,
 )
 from .schedule import (
+    JOB_COALESCE,
     SCHEDULE_ADVANCE,
     SCHEDULE_DISABLE_UNDECLARED,
     SCHEDULE_LOCK_DUE,
     SCHEDULE_LOCK_FOR_SAVE,
     SCHEDULE_NEXT_DUE,
+    SCHEDULE_RECORD_PAUSED,
     SCHEDULE_SOURCES,
     SCHEDULE_UPSERT_SETTINGS,
+    CoalescedJob,
+    PausedRecord,
     ScheduleAdvance,
     ScheduleDefinition,
     ScheduleRow,
     ScheduleSync,
+    job_coalesce,
     schedule_advance,
     schedule_lock_due,
     schedule_lock_for_save,
     schedule_next_due,
+    schedule_record_paused,
     schedule_sync_settings,
 )
 from .testing import (
@@ -231,3 +237,5 @@ __all__ = [
     "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
     "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
 ]
+__all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
+            "schedule_record_paused"]

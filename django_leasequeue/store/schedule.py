@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._db import CLOCK, SCHEDULE_TABLE, _load, _run
+from ._db import CLOCK, JOB_TABLE, SCHEDULE_TABLE, _dumps, _load, _run
 
 # ---------------------------------------------------------------------------------------------
 # The scheduler's writes. Correctness of "one job per occurrence" comes from the jobs' unique key
@@ -21,7 +21,7 @@ from ._db import CLOCK, SCHEDULE_TABLE, _load, _run
 # the same work twice, and the monotonic advance keeps a stale scheduler from moving a schedule back.
 
 _SCHEDULE_COLUMNS = """s.id, s.name, s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority,
-       s.catch_up, s.catch_up_limit, s.last_occurrence_at, s.next_occurrence_at"""
+       s.catch_up, s.catch_up_limit, s.last_occurrence_at, s.next_occurrence_at, s.when_paused"""
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class ScheduleRow:
     catch_up_limit: int
     last_occurrence_at: datetime | None
     next_occurrence_at: datetime | None
+    when_paused: str = "latest"
 
 
 # Lock up to %(limit)s enabled schedules that are due (stored next occurrence at or before now, or
@@ -79,7 +80,7 @@ def schedule_lock_due(*, limit: int = 100, exclude: Sequence[int] = (), now: dat
     return [
         ScheduleRow(id=r[0], name=r[1], task=r[2], args=_load(r[3]), kwargs=_load(r[4]), cron=r[5],
                     timezone=r[6], queue=r[7], priority=r[8], catch_up=r[9], catch_up_limit=r[10],
-                    last_occurrence_at=r[11], next_occurrence_at=r[12])
+                    last_occurrence_at=r[11], next_occurrence_at=r[12], when_paused=r[13])
         for r in rows
     ]
 
@@ -134,12 +135,134 @@ def schedule_advance(items: Sequence[ScheduleAdvance], *, alias: str | None = No
     return {r[0] for r in _run(SCHEDULE_ADVANCE, params, alias=alias).rows}
 
 
+# A paused target queue under when_paused="latest": keep only the newest pending job of each
+# (schedule, queue) and cancel the older ones, with a "coalesced" history entry naming the kept
+# occurrence. "Pending" is ready with no attempt spent or refunded (attempts = 0, interruptions =
+# 0): a job that ran, or waits for its retry, is never superseded. Occurrence jobs only (a "run
+# now" job has no occurrence). The newest is computed over all pending rows, not "older than what
+# this tick inserted", so a stale scheduler that inserted an older occurrence after a newer one
+# cancels its own job: at most one stays whatever the interleaving. Each cancelled row keeps its
+# unique key (retained scope), so the occurrence is never emitted again. Rows are locked in id
+# order and re-checked after a lock wait (the UPDATE's status filter).
+JOB_COALESCE = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+pending AS MATERIALIZED (
+    SELECT j.id, j.occurrence_at,
+           max(j.occurrence_at) OVER (PARTITION BY j.schedule_id, j.queue) AS kept_at
+    FROM {JOB_TABLE} j
+    JOIN unnest(%(schedule)s::bigint[], %(queue)s::text[]) AS t(schedule_id, queue)
+      ON j.schedule_id = t.schedule_id AND j.queue = t.queue
+    WHERE j.status = 'ready' AND j.attempts = 0 AND j.interruptions = 0 AND j.occurrence_at IS NOT NULL
+),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j JOIN pending p ON p.id = j.id
+    WHERE p.occurrence_at < p.kept_at
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {JOB_TABLE} j
+SET status = 'cancelled', finished_at = clock.now,
+    history = j.history || jsonb_build_array(jsonb_build_object(
+        'event', 'coalesced', 'by', 'scheduler', 'at', clock.now, 'kept_occurrence', p.kept_at))
+FROM target, pending p, clock
+WHERE j.id = target.id AND p.id = j.id AND j.status = 'ready' AND j.attempts = 0 AND j.interruptions = 0
+RETURNING j.id, j.schedule_id, j.queue, j.occurrence_at, p.kept_at
+"""
+
+
+@dataclass(frozen=True)
+class CoalescedJob:
+    """A pending job that :func:`job_coalesce` cancelled in favour of a later occurrence.
+
+    ``occurrence_at`` is its own occurrence, ``kept_at`` the occurrence whose job stays pending
+    (aware datetimes).
+    """
+
+    job_id: int
+    schedule_id: int
+    queue: str
+    occurrence_at: datetime
+    kept_at: datetime
+
+
+def job_coalesce(targets: Sequence[tuple[int, str]], *, now: datetime | None = None,
+                 alias: str | None = None) -> list[CoalescedJob]:
+    """Cancel every pending occurrence job but the newest, per (schedule id, queue), in one statement.
+
+    Args:
+        targets: ``(schedule id, queue name)`` pairs whose queue is paused.
+        now: aware datetime for ``finished_at`` and the history entry; None: the database clock.
+
+    Returns:
+        The jobs cancelled, in id order (none when each pair has one pending job or none).
+    """
+    if not targets:
+        return []
+    params = {"now": now, "schedule": [t[0] for t in targets], "queue": [t[1] for t in targets]}
+    rows = sorted(_run(JOB_COALESCE, params, alias=alias).rows)
+    return [CoalescedJob(job_id=r[0], schedule_id=r[1], queue=r[2], occurrence_at=r[3], kept_at=r[4]) for r in rows]
+
+
+# Add to a schedule's record of the occurrences its paused queue cost it: the two counters, and
+# the bounded log an operator reads in the admin (the newest %(keep)s entries, oldest first).
+# Written whatever the schedule's definition is now: the jobs were cancelled or the occurrences
+# skipped either way.
+SCHEDULE_RECORD_PAUSED = f"""
+UPDATE {SCHEDULE_TABLE} s
+SET paused_skipped = s.paused_skipped + d.skipped,
+    paused_coalesced = s.paused_coalesced + d.coalesced,
+    paused_log = (
+        SELECT coalesce(jsonb_agg(x.e ORDER BY x.n), '[]'::jsonb)
+        FROM (SELECT a.e, a.n
+              FROM jsonb_array_elements(s.paused_log || d.entries::jsonb) WITH ORDINALITY AS a(e, n)
+              ORDER BY a.n DESC LIMIT %(keep)s) x)
+FROM unnest(%(id)s::bigint[], %(skipped)s::bigint[], %(coalesced)s::bigint[], %(entries)s::text[])
+     AS d(id, skipped, coalesced, entries)
+WHERE s.id = d.id
+RETURNING s.id
+"""
+
+
+@dataclass(frozen=True)
+class PausedRecord:
+    """What a tick did to one schedule because its queue was paused, for :func:`schedule_record_paused`.
+
+    ``skipped``: occurrences not emitted (``when_paused="skip"``). ``coalesced``: occurrences whose
+    job was superseded or never inserted (``when_paused="latest"``). ``entries``: one JSON object
+    per such occurrence (``occurrence``, ``action``, ``queue``, ``job``, ``kept``, ``at``).
+    """
+
+    schedule_id: int
+    skipped: int
+    coalesced: int
+    entries: list[dict[str, Any]]
+
+
+def schedule_record_paused(items: Sequence[PausedRecord], *, keep: int = 20, alias: str | None = None) -> set[int]:
+    """Add skipped and coalesced occurrences to their schedules' counters and logs, in one statement.
+
+    Args:
+        items: one :class:`PausedRecord` per schedule (ids distinct).
+        keep: entries each ``paused_log`` keeps (the newest).
+
+    Returns:
+        The ids of the schedules written (a schedule deleted meanwhile is not).
+    """
+    if not items:
+        return set()
+    params: dict[str, Any] = {"id": [i.schedule_id for i in items], "skipped": [i.skipped for i in items],
+                              "coalesced": [i.coalesced for i in items],
+                              "entries": [_dumps(i.entries) for i in items], "keep": keep}
+    return {r[0] for r in _run(SCHEDULE_RECORD_PAUSED, params, alias=alias).rows}
+
+
 # Schedule.save() of an existing schedule: lock its row for the rest of the caller's transaction and
 # read what the save needs to decide (the definition it may change and the scheduler's bookkeeping,
 # which the save never writes back from its copy). A scheduler tick holding the row makes the save
 # wait; a tick arriving during the save skips the row (SKIP LOCKED) and takes it on its next pass.
 SCHEDULE_LOCK_FOR_SAVE = f"""
-SELECT s.cron, s.timezone, s.enabled, s.last_occurrence_at, s.next_occurrence_at, s.skipped_occurrences
+SELECT s.cron, s.timezone, s.enabled, s.last_occurrence_at, s.next_occurrence_at, s.skipped_occurrences,
+       s.paused_skipped, s.paused_coalesced, s.paused_log
 FROM {SCHEDULE_TABLE} s
 WHERE s.id = %(id)s
 FOR UPDATE
@@ -154,13 +277,17 @@ def schedule_lock_for_save(schedule_id: int, *, alias: str | None = None) -> dic
 
     Returns:
         ``cron``, ``timezone``, ``enabled``, ``last_occurrence_at``, ``next_occurrence_at`` (aware
-        datetimes or None) and ``skipped_occurrences``; None when no such row exists.
+        datetimes or None), ``skipped_occurrences``, ``paused_skipped``, ``paused_coalesced`` and
+        ``paused_log`` (a list); None when no such row exists.
     """
     row = _run(SCHEDULE_LOCK_FOR_SAVE, {"id": schedule_id}, alias=alias).one()
     if row is None:
         return None
-    keys = ("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at", "skipped_occurrences")
-    return dict(zip(keys, row, strict=True))
+    keys = ("cron", "timezone", "enabled", "last_occurrence_at", "next_occurrence_at", "skipped_occurrences",
+            "paused_skipped", "paused_coalesced", "paused_log")
+    values = dict(zip(keys, row, strict=True))
+    values["paused_log"] = _load(values["paused_log"])
+    return values
 
 
 # When the scheduler should wake up next: the earliest stored next occurrence of an enabled
@@ -199,6 +326,7 @@ class ScheduleDefinition:
     catch_up: str
     catch_up_limit: int
     next_at: datetime | None
+    when_paused: str = "latest"
 
 
 SCHEDULE_SOURCES = f"SELECT name, source FROM {SCHEDULE_TABLE} WHERE name = ANY(%(names)s::text[])"
@@ -213,31 +341,33 @@ SCHEDULE_UPSERT_SETTINGS = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 INSERT INTO {SCHEDULE_TABLE} AS s (
     name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit,
-    last_occurrence_at, next_occurrence_at, skipped_occurrences, source, created_at, updated_at
+    last_occurrence_at, next_occurrence_at, skipped_occurrences, source, created_at, updated_at, when_paused
 )
 SELECT t.name, t.task, t.args::jsonb, t.kwargs::jsonb, t.cron, t.timezone, t.queue, t.priority, t.enabled,
        t.catch_up, t.catch_up_limit, NULL, CASE WHEN t.enabled THEN t.next_at END, 0, 'settings',
-       clock.now, clock.now
+       clock.now, clock.now, t.when_paused
 FROM clock, unnest(
     %(name)s::text[], %(task)s::text[], %(args)s::text[], %(kwargs)s::text[], %(cron)s::text[],
     %(timezone)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(enabled)s::boolean[],
-    %(catch_up)s::text[], %(catch_up_limit)s::int[], %(next_at)s::timestamptz[]
-) AS t(name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit, next_at)
+    %(catch_up)s::text[], %(catch_up_limit)s::int[], %(next_at)s::timestamptz[], %(when_paused)s::text[]
+) AS t(name, task, args, kwargs, cron, timezone, queue, priority, enabled, catch_up, catch_up_limit, next_at,
+       when_paused)
 ON CONFLICT (name) DO UPDATE SET
     task = EXCLUDED.task, args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, cron = EXCLUDED.cron,
     timezone = EXCLUDED.timezone, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
     enabled = EXCLUDED.enabled, catch_up = EXCLUDED.catch_up, catch_up_limit = EXCLUDED.catch_up_limit,
-    source = 'settings', updated_at = EXCLUDED.updated_at,
+    when_paused = EXCLUDED.when_paused, source = 'settings', updated_at = EXCLUDED.updated_at,
     next_occurrence_at = CASE
         WHEN NOT EXCLUDED.enabled THEN NULL
         WHEN s.cron IS DISTINCT FROM EXCLUDED.cron OR s.timezone IS DISTINCT FROM EXCLUDED.timezone
              OR NOT s.enabled THEN EXCLUDED.next_occurrence_at
         ELSE s.next_occurrence_at END
 WHERE (s.task, s.args, s.kwargs, s.cron, s.timezone, s.queue, s.priority, s.enabled, s.catch_up,
-       s.catch_up_limit, s.source)
+       s.catch_up_limit, s.when_paused, s.source)
       IS DISTINCT FROM
       (EXCLUDED.task, EXCLUDED.args, EXCLUDED.kwargs, EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.queue,
-       EXCLUDED.priority, EXCLUDED.enabled, EXCLUDED.catch_up, EXCLUDED.catch_up_limit, 'settings')
+       EXCLUDED.priority, EXCLUDED.enabled, EXCLUDED.catch_up, EXCLUDED.catch_up_limit, EXCLUDED.when_paused,
+       'settings')
 RETURNING s.name
 """
 
@@ -284,6 +414,7 @@ def schedule_sync_settings(definitions: Sequence[ScheduleDefinition], *, now: da
         "catch_up": [d.catch_up for d in definitions],
         "catch_up_limit": [d.catch_up_limit for d in definitions],
         "next_at": [d.next_at for d in definitions],
+        "when_paused": [d.when_paused for d in definitions],
     }
     existing = dict(_run(SCHEDULE_SOURCES, params, alias=alias).rows)
     written: list[str] = []

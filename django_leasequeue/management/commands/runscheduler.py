@@ -75,6 +75,9 @@ class Command(BaseCommand):
             self.stdout.write(f"  emitted {names.get(schedule_id, schedule_id)!s} @ {occurrence.isoformat()}")
         if len(result.emitted) > SHOWN:
             self.stdout.write(f"  ... and {len(result.emitted) - SHOWN} more")
+        if result.paused_skipped or result.coalesced:
+            self.stdout.write(f"  paused queue: skipped {len(result.paused_skipped)}, coalesced "
+                              f"{len(result.coalesced)} occurrence(s) (see each schedule's when_paused)")
         upcoming = (schedules.filter(enabled=True, next_occurrence_at__isnull=False)
                     .order_by("next_occurrence_at", "name").values_list("name", "next_occurrence_at").first())
         name, at = upcoming if upcoming is not None else ("", None)

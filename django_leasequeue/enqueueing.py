@@ -214,7 +214,7 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
     attempts = max_attempts if max_attempts is not None else (task_spec.max_attempts or settings.max_attempts)
     check_max_attempts(attempts)
     check_lease(task_spec.lease, f"task {task_spec.name!r}: lease", EnqueueError)
-    run_at_given = run_at is not None or task_spec.run_at is not None
+    run_at_given = run_at is not None or task_spec.run_at is not None  # debounce refuses a run_at
     delay, run_at = run_at_delay(task_spec.run_at if run_at is None else run_at)
     unique_key = task_spec.unique_key if unique_key is None else unique_key
     unique_scope = unique_scope or task_spec.unique_scope
@@ -222,13 +222,17 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
     if unique_key is not None:
         check_name(unique_key, "unique_key", 255)
     unique_mode = task_spec.unique_mode if unique_mode is None else unique_mode
-    debounce_s, max_wait_s, throttle_s = check_unique_mode(
-        unique_mode, unique_key=unique_key, unique_scope=unique_scope, run_at_given=run_at_given,
-        debounce=task_spec.debounce if debounce is None else debounce,
-        debounce_max_wait=task_spec.debounce_max_wait if debounce_max_wait is None else debounce_max_wait,
-        throttle=task_spec.throttle if throttle is None else throttle)
-    if debounce_s is not None:
-        delay = debounce_s  # the first enqueue of the key: due at now + debounce
+    debounce = task_spec.debounce if debounce is None else debounce
+    debounce_max_wait = task_spec.debounce_max_wait if debounce_max_wait is None else debounce_max_wait
+    throttle = task_spec.throttle if throttle is None else throttle
+    max_wait_s = throttle_s = None
+    # The default ("keep", no mode option) skips the mode checks: enqueue() is benchmarked.
+    if unique_mode != "keep" or debounce is not None or debounce_max_wait is not None or throttle is not None:
+        debounce_s, max_wait_s, throttle_s = check_unique_mode(
+            unique_mode, unique_key=unique_key, unique_scope=unique_scope, run_at_given=run_at_given,
+            debounce=debounce, debounce_max_wait=debounce_max_wait, throttle=throttle)
+        if debounce_s is not None:
+            delay = debounce_s  # the first enqueue of the key: due at now + debounce
     if task_spec.concurrency_limit is not None and (
             isinstance(task_spec.concurrency_limit, bool) or not isinstance(task_spec.concurrency_limit, int)
             or not 1 <= task_spec.concurrency_limit <= MAX_CONCURRENCY_LIMIT):

@@ -5,7 +5,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from qa.models import Execution
 
 from django_leasequeue import enqueue
@@ -125,3 +125,22 @@ def test_replace_committed_first_then_the_claim_takes_the_new_values():
     assert result == [[["new"]]]
     (c,) = claim()
     assert (c.args, c.lease_version) == (["new"], 1)
+
+
+def test_replace_under_repeatable_read_is_a_serialization_failure_when_the_key_came_after_the_snapshot():
+    """As for keep (docs/howto/idempotency.md, isolation levels): the holder committed after the
+    caller's snapshot cannot be updated at REPEATABLE READ; the caller's retry updates it."""
+    def elsewhere(i: int) -> int:
+        return enqueue("qa.record", ["other"], unique_key="k", unique_mode="replace").id
+
+    with pytest.raises(OperationalError, match="could not serialize access"):
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur.execute("SELECT count(*) FROM leasequeue_job")
+            (other_id,) = in_threads(1, elsewhere)
+            enqueue("qa.record", ["mine"], unique_key="k", unique_mode="replace")
+    with transaction.atomic():  # the retry, with a new snapshot
+        mine = enqueue("qa.record", ["mine"], unique_key="k", unique_mode="replace")
+    (row,) = Job.objects.all()
+    assert (mine.id, row.id, row.args) == (other_id, other_id, ["mine"])

@@ -10,6 +10,7 @@ from qa.models import Execution
 
 from django_leasequeue import enqueue
 from django_leasequeue.models import Job
+from django_leasequeue.notify import listen_connection
 from tests.support import claim, in_threads, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -144,3 +145,23 @@ def test_replace_under_repeatable_read_is_a_serialization_failure_when_the_key_c
         mine = enqueue("qa.record", ["mine"], unique_key="k", unique_mode="replace")
     (row,) = Job.objects.all()
     assert (mine.id, row.id, row.args) == (other_id, other_id, ["mine"])
+
+
+def test_a_replace_that_makes_the_holder_due_wakes_the_workers_at_commit():
+    """A future job replaced with one due now sends the queue's NOTIFY (at commit); a replace that
+    leaves it in the future sends none (as for a future insert)."""
+    enqueue("qa.record", ["a"], unique_key="k", unique_mode="replace", run_at=timedelta(hours=1))
+    listener = listen_connection("default", "leasequeue")
+    try:
+        with transaction.atomic():
+            enqueue("qa.record", ["b"], unique_key="k", unique_mode="replace", run_at=timedelta(hours=2))
+        assert list(listener.notifies(timeout=0.3)) == []
+        with transaction.atomic():
+            enqueue("qa.record", ["c"], unique_key="k", unique_mode="replace", queue="invoices")
+            assert list(listener.notifies(timeout=0.3)) == []  # nothing before the commit
+        notes = list(listener.notifies(timeout=1.0))
+    finally:
+        listener.close()
+    assert [(n.channel, n.payload) for n in notes] == [("leasequeue", "invoices")]
+    (row,) = Job.objects.all()
+    assert (row.args, row.queue) == (["c"], "invoices")

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from django_leasequeue import EnqueueError, enqueue, enqueue_many
+from django_leasequeue import EnqueueError, enqueue, enqueue_many, enqueue_on_commit, signals
 from django_leasequeue.enqueueing import build_job, insert_job, insert_jobs
 from django_leasequeue.models import Job
 from django_leasequeue.registry import resolve_task
@@ -159,3 +159,29 @@ def test_bulk_paths_refuse_modes():
     with pytest.raises(EnqueueError, match="unique_mode='replace' is for one job at a time"):
         insert_jobs([new])
     assert Job.objects.count() == 0
+
+
+def test_enqueued_event_only_for_a_new_row():
+    seen: list[dict] = []
+
+    def receiver(sender, event, signal, **kwargs):
+        seen.append(kwargs)
+
+    signals.SIGNALS["enqueued"].connect(receiver, dispatch_uid="unique-modes-test")
+    try:
+        first, _ = put(["a"], at=T0, unique_key="k", unique_mode="replace")
+        put(["b"], at=T0 + timedelta(seconds=1), unique_key="k", unique_mode="replace")
+        put(["c"], at=T0 + timedelta(seconds=2), unique_key="k", unique_mode="debounce", debounce=5)
+    finally:
+        signals.SIGNALS["enqueued"].disconnect(dispatch_uid="unique-modes-test")
+    assert [e["job_id"] for e in seen] == [first.id]
+
+
+def test_enqueue_on_commit_debounces_at_the_commit(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        enqueue_on_commit("qa.record", ["a"], unique_key="d", unique_mode="debounce", debounce=10)
+        enqueue_on_commit("qa.record", ["b"], unique_key="d", unique_mode="debounce", debounce=10)
+        assert Job.objects.count() == 0  # nothing before the commit
+    (row,) = Job.objects.all()
+    assert row.args == ["b"]
+    assert row.created_at + timedelta(seconds=10) <= row.run_at < row.created_at + timedelta(seconds=20)

@@ -49,6 +49,10 @@ class JobOptions(TypedDict, total=False):
     unique_key: str | None
     unique_scope: str | None
     max_attempts: int | None
+    unique_mode: str | None
+    debounce: float | timedelta | None
+    debounce_max_wait: float | timedelta | None
+    throttle: float | timedelta | None
 
 
 class UsingOptions(TypedDict, total=False):
@@ -63,6 +67,10 @@ class UsingOptions(TypedDict, total=False):
     unique_scope: str
     max_attempts: int | None
     lease: float | timedelta | None
+    unique_mode: str
+    debounce: float | timedelta | None
+    debounce_max_wait: float | timedelta | None
+    throttle: float | timedelta | None
 
 
 def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:
@@ -426,6 +434,13 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
     if options.get("unique_key") is not None:
         check_name(options["unique_key"], "unique_key", 255)
     run_at_delay(options.get("run_at"))
+    # Each value on its own; the combination (a key, the scope, run_at) is checked at the enqueue,
+    # when every option is known.
+    if "unique_mode" in options:
+        check_unique_mode_name(options["unique_mode"])
+    for name in ("debounce", "debounce_max_wait", "throttle"):
+        if options.get(name) is not None:
+            options[name] = _positive_seconds(options[name], name)
 
 
 def check_priority(priority: Any) -> None:
@@ -573,3 +588,109 @@ def json_dumps_result(value: Any) -> str:
     """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
     check_json(value, "return value", exact_scalars=False)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+#: What an enqueue does when its ``unique_key`` is taken (see :func:`check_unique_mode`).
+UNIQUE_MODES = ("keep", "replace", "debounce", "throttle")
+#: The suffix a throttled key gets, "@" and the window's start in UTC: "@2026-12-02T04:00:00Z".
+THROTTLE_SUFFIX_LENGTH = 21
+
+
+def check_unique_mode_name(mode: Any) -> None:
+    """Refuse a ``unique_mode`` other than those of :data:`UNIQUE_MODES`.
+
+    Raises:
+        EnqueueError: naming the value.
+    """
+    if mode not in UNIQUE_MODES:
+        raise EnqueueError(f"unique_mode must be one of {', '.join(map(repr, UNIQUE_MODES))}, got {mode!r}")
+
+
+def _positive_seconds(value: Any, what: str) -> float:
+    seconds = seconds_option(value, what, EnqueueError)
+    if seconds is None or not math.isfinite(seconds) or not 0 < seconds <= MAX_DELAY_SECONDS:
+        raise EnqueueError(f"{what} must be more than 0 seconds and at most 100 years, got {value!r}")
+    return seconds
+
+
+def check_unique_mode(mode: Any, *, unique_key: str | None, unique_scope: str, run_at_given: bool,
+                      debounce: Any = None, debounce_max_wait: Any = None,
+                      throttle: Any = None) -> tuple[float | None, float | None, float | None]:
+    """Validate a unique-key mode with the options it needs, before anything is written.
+
+    Args:
+        mode: one of :data:`UNIQUE_MODES`.
+        unique_key: the job's key (already checked by :func:`check_name`); every mode but
+            ``"keep"`` needs one.
+        unique_scope: ``"retained"`` or ``"active"``; ``"throttle"`` needs ``"retained"``.
+        run_at_given: whether the enqueue has a ``run_at``; ``"debounce"`` computes its own.
+        debounce: ``"debounce"`` only, required: seconds (number or timedelta, > 0) from each
+            enqueue to the job's run_at.
+        debounce_max_wait: ``"debounce"`` only, optional: seconds (>= ``debounce``) from the first
+            enqueue of the pending job past which run_at is not pushed.
+        throttle: ``"throttle"`` only, required: the window, a whole number of seconds >= 1.
+
+    Returns:
+        ``(debounce, debounce_max_wait, throttle)`` as seconds (floats) or None.
+
+    Raises:
+        EnqueueError: an unknown mode, a mode without a unique key, a missing, non-positive or
+            misplaced seconds option, a max wait below the delay, a fractional throttle window,
+            throttle with the active scope or a key too long for its window suffix, debounce
+            with a run_at.
+    """
+    check_unique_mode_name(mode)
+    given = {"debounce": debounce, "debounce_max_wait": debounce_max_wait, "throttle": throttle}
+    wanted = {"debounce": ("debounce", "debounce_max_wait"), "throttle": ("throttle",)}.get(mode, ())
+    for name, value in given.items():
+        if value is not None and name not in wanted:
+            raise EnqueueError(f"{name} is an option of unique_mode="
+                               f"{'throttle' if name == 'throttle' else 'debounce'!r}, not of {mode!r}")
+    if mode == "keep":
+        return None, None, None
+    if unique_key is None:
+        raise EnqueueError(f"unique_mode={mode!r} needs a unique_key (it says what to do when the key is taken)")
+    if mode == "replace":
+        return None, None, None
+    if mode == "debounce":
+        if debounce is None:
+            raise EnqueueError("unique_mode='debounce' needs debounce=<seconds> (the delay from each enqueue)")
+        if run_at_given:
+            raise EnqueueError("unique_mode='debounce' sets run_at itself (each enqueue: now + debounce); "
+                               "do not pass run_at")
+        delay = _positive_seconds(debounce, "debounce")
+        max_wait = None if debounce_max_wait is None else _positive_seconds(debounce_max_wait, "debounce_max_wait")
+        if max_wait is not None and max_wait < delay:
+            raise EnqueueError(f"debounce_max_wait ({max_wait} s) must be at least debounce ({delay} s)")
+        return delay, max_wait, None
+    if throttle is None:
+        raise EnqueueError("unique_mode='throttle' needs throttle=<seconds> (the window)")
+    window = _positive_seconds(throttle, "throttle")
+    if window < 1 or not float(window).is_integer():
+        raise EnqueueError(f"throttle must be a whole number of seconds, at least 1, got {throttle!r}")
+    if unique_scope != "retained":
+        raise EnqueueError("unique_mode='throttle' needs unique_scope='retained' (a window's key stays taken "
+                           "while its job exists, so a finished job still throttles its window)")
+    if len(unique_key) > 255 - THROTTLE_SUFFIX_LENGTH:
+        raise EnqueueError(f"unique_key with unique_mode='throttle' can have at most "
+                           f"{255 - THROTTLE_SUFFIX_LENGTH} characters (the window suffix takes "
+                           f"{THROTTLE_SUFFIX_LENGTH}), got {len(unique_key)}")
+    return None, None, window
+
+
+def throttle_key(unique_key: str, window: float, at: datetime) -> str:
+    """The key a throttled job is stored under: ``unique_key`` + ``"@"`` + the start, in UTC, of
+    the window of ``window`` seconds (counted from the Unix epoch) that contains ``at``.
+
+    Args:
+        unique_key: the key the caller gave.
+        window: the throttle window, whole seconds >= 1.
+        at: the enqueue's database clock reading, an aware datetime.
+
+    Returns:
+        e.g. ``"digest:7@2026-12-02T04:00:00Z"`` for a window of 3600 and ``at`` 04:17 UTC.
+    """
+    seconds = int(window)
+    epoch = math.floor(at.timestamp())
+    start = datetime.fromtimestamp(epoch - epoch % seconds, UTC)
+    return f"{unique_key}@{start:%Y-%m-%dT%H:%M:%S}Z"

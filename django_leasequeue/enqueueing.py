@@ -10,6 +10,7 @@ written, here and nowhere else. ``enqueue()``, ``enqueue_on_commit()``, the sche
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
@@ -24,6 +25,7 @@ from .arguments import (
     check_name,
     check_priority,
     check_task_options,
+    check_unique_mode,
     check_unique_scope,
     encode_chunks,
     encode_payload,
@@ -31,6 +33,7 @@ from .arguments import (
     positional_names,
     run_at_delay,
     seconds_option,
+    throttle_key,
 )
 from .conf import Settings, get_settings, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
@@ -164,7 +167,9 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
               run_at: datetime | timedelta | None = None, queue: str | None = None,
               priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
               max_attempts: int | None = None, check_signature: bool = True, schedule_id: int | None = None,
-              occurrence_at: datetime | None = None) -> NewJob:
+              occurrence_at: datetime | None = None, unique_mode: str | None = None,
+              debounce: float | timedelta | None = None, debounce_max_wait: float | timedelta | None = None,
+              throttle: float | timedelta | None = None) -> NewJob:
     """Validate enqueue arguments against the settings and return a :class:`store.NewJob`.
 
     Args:
@@ -176,6 +181,8 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
             tasks this process does not know (a rolling deploy), so its signature may be stale.
         schedule_id: the schedule the job is emitted for (the scheduler, the admin's "run now").
         occurrence_at: the cron occurrence (an aware datetime) the job stands for (the scheduler).
+        unique_mode, debounce, debounce_max_wait, throttle: see :func:`enqueue`; each None means
+            the task's (``using()``).
 
     Returns:
         The row to insert (:func:`insert_job`, :func:`insert_jobs`); nothing is written yet.
@@ -207,12 +214,25 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
     attempts = max_attempts if max_attempts is not None else (task_spec.max_attempts or settings.max_attempts)
     check_max_attempts(attempts)
     check_lease(task_spec.lease, f"task {task_spec.name!r}: lease", EnqueueError)
+    run_at_given = run_at is not None or task_spec.run_at is not None  # debounce refuses a run_at
     delay, run_at = run_at_delay(task_spec.run_at if run_at is None else run_at)
     unique_key = task_spec.unique_key if unique_key is None else unique_key
     unique_scope = unique_scope or task_spec.unique_scope
     check_unique_scope(unique_scope)
     if unique_key is not None:
         check_name(unique_key, "unique_key", 255)
+    unique_mode = task_spec.unique_mode if unique_mode is None else unique_mode
+    debounce = task_spec.debounce if debounce is None else debounce
+    debounce_max_wait = task_spec.debounce_max_wait if debounce_max_wait is None else debounce_max_wait
+    throttle = task_spec.throttle if throttle is None else throttle
+    max_wait_s = throttle_s = None
+    # The default ("keep", no mode option) skips the mode checks: enqueue() is benchmarked.
+    if unique_mode != "keep" or debounce is not None or debounce_max_wait is not None or throttle is not None:
+        debounce_s, max_wait_s, throttle_s = check_unique_mode(
+            unique_mode, unique_key=unique_key, unique_scope=unique_scope, run_at_given=run_at_given,
+            debounce=debounce, debounce_max_wait=debounce_max_wait, throttle=throttle)
+        if debounce_s is not None:
+            delay = debounce_s  # the first enqueue of the key: due at now + debounce
     if task_spec.concurrency_limit is not None and (
             isinstance(task_spec.concurrency_limit, bool) or not isinstance(task_spec.concurrency_limit, int)
             or not 1 <= task_spec.concurrency_limit <= MAX_CONCURRENCY_LIMIT):
@@ -232,19 +252,24 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
                   max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=task_spec.lease,
                   unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,
                   concurrency_limit=task_spec.concurrency_limit if conc_key is not None else None,
-                  schedule_id=schedule_id, occurrence_at=occurrence_at)
+                  schedule_id=schedule_id, occurrence_at=occurrence_at, unique_mode=unique_mode,
+                  debounce_max_wait=max_wait_s, throttle=throttle_s)
 
 
 def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
             kwargs: Mapping[str, Any] | None = None, *,
             run_at: datetime | timedelta | None = None, queue: str | None = None, priority: int | None = None,
             unique_key: str | None = None, unique_scope: str | None = None,
-            max_attempts: int | None = None) -> Job:
+            max_attempts: int | None = None, unique_mode: str | None = None,
+            debounce: float | timedelta | None = None, debounce_max_wait: float | timedelta | None = None,
+            throttle: float | timedelta | None = None) -> Job:
     """Write one job in the caller's transaction and return it.
 
     The job exists only if the caller's transaction commits (on the job table's database, chosen by
     the database routers); a worker cannot see it before. With a ``unique_key`` already taken, the
-    existing job is returned: no IntegrityError, and the caller's transaction is not aborted.
+    existing job is returned (``unique_mode="keep"``, the default), or the pending job holding the key
+    is updated (``"replace"``, ``"debounce"``): no IntegrityError, and the caller's transaction is not
+    aborted. docs/howto/idempotency.md gives each mode's exact rule.
 
     Args:
         task_or_name: a :class:`Task` or a registered task name.
@@ -259,6 +284,17 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
         unique_key: idempotency key (at most 255 characters).
         unique_scope: ``"retained"`` (default: the key stays taken while the row exists) or
             ``"active"`` (taken while the job is ready or leased).
+        unique_mode: what to do when ``unique_key`` is taken. ``"keep"`` (default): return the
+            holder. ``"replace"``: if the holder is pending (ready, never claimed, same task, no
+            cancel request) it takes this enqueue's arguments, run_at, priority, queue,
+            max_attempts and lease, and is returned; else the holder is returned unchanged.
+            ``"debounce"``: as replace, with run_at = now + ``debounce``, but never later than the
+            holder's created_at + ``debounce_max_wait``. ``"throttle"``: at most one job per
+            ``throttle``-second window; the key is stored as ``"<key>@<window start>Z"``.
+        debounce: seconds (number or timedelta, > 0) from each enqueue to run_at; ``"debounce"`` only.
+        debounce_max_wait: seconds (>= ``debounce``) from the first enqueue of the pending job
+            past which run_at is no longer pushed; None: no bound. ``"debounce"`` only.
+        throttle: the window, a whole number of seconds >= 1; ``"throttle"`` only.
 
     Returns:
         The new :class:`~django_leasequeue.models.Job`, or the existing one holding ``unique_key``.
@@ -268,7 +304,8 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
         ArgumentsMismatch: the arguments do not fit the handler's signature (missing or unexpected).
         PayloadTooLarge: the arguments exceed ``MAX_PAYLOAD_BYTES``.
         EnqueueError: naive ``run_at`` or one outside its range, priority outside -100..100,
-            unknown queue, bad unique key. Nothing is written.
+            unknown queue, bad unique key, a bad unique mode or mode option (see
+            :func:`~django_leasequeue.arguments.check_unique_mode`). Nothing is written.
         UnknownTask: ``task_or_name`` is a name nobody registered.
         django.db.OperationalError: SQLSTATE 40001 (serialization failure), only when the caller's
             transaction runs at REPEATABLE READ or SERIALIZABLE and another transaction committed
@@ -276,16 +313,22 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
     """
     task_spec = resolve_task(task_or_name)
     new = build_job(task_spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
-                    unique_scope=unique_scope, max_attempts=max_attempts)
+                    unique_scope=unique_scope, max_attempts=max_attempts, unique_mode=unique_mode,
+                    debounce=debounce, debounce_max_wait=debounce_max_wait, throttle=throttle)
     return insert_job(new)[0]
 
 
-def insert_job(new: NewJob) -> tuple[Job, bool]:
+def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
     """Insert one job built by :func:`build_job` in the caller's transaction.
+
+    Args:
+        new: the job.
+        now: the database clock reading to use (an aware datetime; tests); None: read it.
 
     Returns:
         ``(job, created)``: the new job and True, or the job already holding ``new.unique_key``
-        and False (then nothing was written and no ``enqueued`` event is sent).
+        and False (then no row was inserted and no ``enqueued`` event is sent; with
+        ``unique_mode`` "replace" or "debounce" that job may be the holder with the new values).
 
     Raises:
         EnqueueError: the unique key kept changing hands (released and retaken) five times.
@@ -294,10 +337,24 @@ def insert_job(new: NewJob) -> tuple[Job, bool]:
 
     settings = get_settings()
     alias = store.db_alias()
+    if new.unique_mode == "throttle":
+        # One clock reading decides the window and stamps created_at, so the job lies in its window.
+        now = now or store.db_now(alias)
+        new = dataclasses.replace(new, unique_key=throttle_key(new.unique_key or "", new.throttle or 1, now))
     # A unique key held by a job in "active" scope can be released between our failed insert and
     # the lookup (the job finished); then we insert again. Two rounds are enough in practice.
     for _ in range(5):
-        job = store.job_insert_one(new, notify=settings.notify, channel=settings.notify_channel, alias=alias)
+        if new.unique_mode in ("replace", "debounce"):
+            replaced = store.job_insert_replacing(new, notify=settings.notify, channel=settings.notify_channel,
+                                                  now=now, alias=alias)
+            if replaced is not None:
+                if replaced[1] and signals.enabled("enqueued"):
+                    _announce(replaced[0].id, replaced[0].task, replaced[0].queue)
+                return replaced
+            job = None
+        else:
+            job = store.job_insert_one(new, notify=settings.notify, channel=settings.notify_channel, now=now,
+                                       alias=alias)
         if job is not None:
             if signals.enabled("enqueued"):
                 _announce(job.id, job.task, job.queue)
@@ -326,6 +383,10 @@ def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alia
     """
     from . import store
 
+    for new in new_jobs:
+        if new.unique_mode != "keep":
+            raise EnqueueError(f"unique_mode={new.unique_mode!r} is for one job at a time (enqueue()); "
+                               "a bulk insert only keeps the holder of a taken key")
     settings = settings or get_settings()
     rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now, alias=alias)
     if rows and signals.enabled("enqueued"):
@@ -370,6 +431,9 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
     # one (the same checks as enqueue(), signature included), and send the arguments as one JSON
     # array per chunk. Every chunk is checked before the first is inserted: a bad job writes nothing.
     template = build_job(task_spec, [], {}, check_signature=False, **options)
+    if template.unique_mode != "keep":
+        raise EnqueueError(f"enqueue_many() does not take unique_mode={template.unique_mode!r}: its jobs share "
+                           "one unique key, so only the first could be inserted; call enqueue() per job")
     names = positional_names(enqueue_signature(task_spec))
     # The payload checks first, then the signature, in build_job()'s order: a job gets the error
     # enqueue() would raise for it (e.g. a keyword name that is not a str cannot be stored).

@@ -92,6 +92,10 @@ class TaskSpec(Generic[P, R]):
     run_at: datetime | timedelta | None = field(default=None, compare=False)
     unique_key: str | None = field(default=None, compare=False)
     unique_scope: str = field(default="retained", compare=False)
+    unique_mode: str = field(default="keep", compare=False)
+    debounce: float | None = field(default=None, compare=False)
+    debounce_max_wait: float | None = field(default=None, compare=False)
+    throttle: float | None = field(default=None, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)
@@ -100,7 +104,8 @@ class TaskSpec(Generic[P, R]):
         """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime
         within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
-        int or float, or a ``datetime.timedelta``, stored as seconds).
+        int or float, or a ``datetime.timedelta``, stored as seconds; ``unique_mode`` with
+        ``debounce``, ``debounce_max_wait`` and ``throttle`` in seconds, stored as seconds).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -110,7 +115,8 @@ class TaskSpec(Generic[P, R]):
             EnqueueError: a bad value (the same checks and messages as
                 :func:`~django_leasequeue.enqueueing.enqueue`).
         """
-        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
+                   "unique_mode", "debounce", "debounce_max_wait", "throttle"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")

@@ -80,11 +80,13 @@ from .enqueue import (
     JOB_INSERT,
     JOB_INSERT_MANY,
     JOB_INSERT_ONE,
+    JOB_INSERT_REPLACING,
     NewJob,
     job_get_by_unique_key,
     job_insert,
     job_insert_many,
     job_insert_one,
+    job_insert_replacing,
 )
 from .flow import (
     FLOW_KEYS_WAITING,
@@ -236,6 +238,7 @@ __all__ = [
     "process_register", "queue_list", "queue_pause", "queue_paused_names", "queue_resume",
     "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
     "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
+    "JOB_INSERT_REPLACING", "job_insert_replacing",
 ]
 __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
             "schedule_record_paused"]

@@ -33,6 +33,13 @@ class NewJob:
     concurrency_limit: int | None = None
     schedule_id: int | None = None
     occurrence_at: datetime | None = None
+    # What an enqueue does when ``unique_key`` is taken (see enqueueing.enqueue): "keep", "replace",
+    # "debounce" or "throttle". For "debounce", ``delay`` is the debounce delay and
+    # ``debounce_max_wait`` caps run_at at created_at + that many seconds (None: no cap); for
+    # "throttle", ``throttle`` is the window in whole seconds (the key is derived per window at insert).
+    unique_mode: str = "keep"
+    debounce_max_wait: float | None = None
+    throttle: float | None = None
 
 
 _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
@@ -229,6 +236,78 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
     with _schema_required(alias):
         count, ids, _ = _run(sql, params, alias=alias).rows[0]
     return count, ([int(x) for x in ids.split(",")] if ids else [])
+
+
+# Replace and debounce: one statement, race-free. A conflict on the key's partial unique index (the
+# conflict target names the index by its predicate, so PostgreSQL infers it) turns the insert into
+# an update of the holder, but only while the holder is ready and never claimed (lease_version 0:
+# every claim adds 1 and no write takes it back), of the same task and not asked to cancel. ON
+# CONFLICT DO UPDATE locks the holder and evaluates that WHERE on its latest committed version, so a
+# claim that committed first (status 'leased', token 1) makes it update nothing, and a claim that
+# comes second skips the locked row (SKIP LOCKED) and takes it later, with the new values. A holder
+# that fails the WHERE is left unchanged (it stays locked until the caller's transaction ends) and
+# no row is returned: the caller then looks the holder up. The holder keeps its id, created_at,
+# history and key; everything the enqueue decides is replaced. The new run_at is the enqueue's, for
+# debounce capped at created_at + the maximum wait (least() ignores the NULL of "no cap", and of
+# replace). The first reading of the clock (clock.now) stamps created_at; RETURNING cannot see it,
+# so the due test of the NOTIFY reads the clock again (a later reading: a job due then is due).
+# "xmax = 0" tells an inserted row (no locker) from an updated one (locked by this transaction).
+_ARBITER = {
+    "retained": "unique_key IS NOT NULL AND unique_scope = 'retained'",
+    "active": "unique_key IS NOT NULL AND unique_scope = 'active' AND status IN ('ready', 'leased')",
+}
+JOB_INSERT_REPLACING = f"""
+INSERT INTO {JOB_TABLE} AS job (
+    {_INSERT_COLUMNS}
+)
+SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::jsonb,
+       coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
+       %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
+       %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
+       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now
+FROM ({CLOCK}) AS clock
+ON CONFLICT (unique_key) WHERE {{arbiter}}
+DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, priority = EXCLUDED.priority,
+              queue = EXCLUDED.queue, max_attempts = EXCLUDED.max_attempts,
+              lease_seconds = EXCLUDED.lease_seconds, concurrency_key = EXCLUDED.concurrency_key,
+              concurrency_limit = EXCLUDED.concurrency_limit,
+              run_at = least(EXCLUDED.run_at, job.created_at + make_interval(secs => %(max_wait)s::float8))
+WHERE job.status = 'ready' AND job.lease_version = 0 AND job.task = EXCLUDED.task AND NOT job.cancel_requested
+RETURNING {", ".join(f"job.{c}" for c in _JOB_COLUMNS)}, job.xmax = 0,
+          CASE WHEN %(notify)s AND job.run_at <= coalesce(%(now)s::timestamptz, leasequeue_now())
+               THEN pg_notify(%(channel)s, job.queue) END
+"""
+_INSERT_REPLACING = {scope: JOB_INSERT_REPLACING.format(arbiter=arbiter) for scope, arbiter in _ARBITER.items()}
+
+
+def job_insert_replacing(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
+                         alias: str | None = None) -> tuple[Job, bool] | None:
+    """Insert one job with a unique key, or replace the pending job holding the key (``replace`` and
+    ``debounce`` modes), in the caller's transaction.
+
+    Args:
+        job: the job; ``job.unique_key`` must be set. Its ``debounce_max_wait`` (seconds, or None)
+            caps the run_at of an updated holder at the holder's ``created_at`` plus that.
+        notify: send a NOTIFY on ``channel`` with the queue name when the resulting job is due
+            (delivered at commit).
+        now: the database clock reading to use (an aware datetime); None: read it.
+
+    Returns:
+        ``(job, True)`` when a new row was inserted, ``(job, False)`` when the holder (ready, never
+        claimed, same task, no cancel request) took the new values, None when the key is held by a
+        job that is not pending (claimed, retrying, finished, another task): nothing was written.
+    """
+    if job.unique_key is None:
+        raise ValueError("job_insert_replacing needs a job with a unique_key")
+    alias = alias or db_alias()
+    params = {name: getattr(job, name) for name in _ONE_FIELDS}
+    params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
+                  delay=float(job.delay), max_wait=job.debounce_max_wait)
+    with _schema_required(alias):
+        row = _run(_INSERT_REPLACING[job.unique_scope], params, alias=alias).one()
+    if row is None:
+        return None
+    return _jobs_from_rows([row], alias)[0], bool(row[len(_JOB_COLUMNS)])
 
 
 def job_get_by_unique_key(key: str, scope: str, alias: str | None = None) -> Job | None:

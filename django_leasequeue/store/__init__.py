@@ -90,6 +90,8 @@ from .flow import (
     FLOW_KEYS_WAITING,
     JOB_CLAIM_ANY_QUEUE_RATED,
     JOB_CLAIM_RATED,
+    PAUSE_GRACE,
+    PAUSE_MARGIN,
     QUEUE_LIST,
     QUEUE_PAUSE,
     QUEUE_RESUME,
@@ -104,6 +106,7 @@ from .flow import (
     flow_waiting_on_key,
     queue_list,
     queue_pause,
+    queue_pause_wait,
     queue_paused_names,
     queue_resume,
     queue_throttled_totals,
@@ -231,3 +234,4 @@ __all__ = [
     "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
     "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
 ]
+__all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]

@@ -12,6 +12,7 @@ clock, and no statement between the start and its stamp.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from flowlab.tasks import pause_probe
 
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.models import Job
-from tests.conftest import wait_for
+from tests.conftest import WorkerProcess, wait_for
 
 from .conftest import wait_workers, worker_env
 
@@ -38,17 +39,26 @@ def released_for_pause(job_history: list[dict[str, object]]) -> int:
     return sum(1 for h in job_history if h.get("event") == "released" and h.get("reason") == "queue paused")
 
 
-def pause_mid_drain(workers: int) -> None:
+def pause_mid_drain(workers: int, frozen: WorkerProcess | None = None) -> None:
+    """Pause mid-drain and check the rule; with ``frozen``, that worker is SIGSTOPped before the
+    pause and continued once ``queue_pause()`` has returned."""
     enqueue_many(pause_probe, [([], {"seconds": 0.05}) for _ in range(JOBS)])
     wait_for(lambda: Probe.objects.filter(key="pause").count() >= 100, timeout=30, interval=0.01,
              what="100 handlers started")
     # The workers are busy and hold prefetched jobs now.
     held_unstarted = Job.objects.filter(status="leased").count() - Probe.objects.filter(
         key="pause", job_id__in=Job.objects.filter(status="leased").values("id")).count()
+    if frozen is not None:
+        frozen.signal(signal.SIGSTOP)
+        held_unstarted = Job.objects.filter(status="leased").count() - Probe.objects.filter(
+            key="pause", job_id__in=Job.objects.filter(status="leased").values("id")).count()
+        assert held_unstarted > 0  # the frozen worker holds jobs it has not started
     called = time.monotonic()
     assert store.queue_pause("pausable", by="test")
     returned_at = datetime.fromtimestamp(time.time(), UTC)
     waited = time.monotonic() - called
+    if frozen is not None:
+        frozen.signal(signal.SIGCONT)  # its threads wake on evidence older than the grace
     # The workers settle: the jobs that had started finish, the unstarted ones go back.
     wait_for(lambda: not Job.objects.filter(status="leased").exists(), timeout=15, interval=0.02,
              what="no job leased after the pause")
@@ -58,6 +68,9 @@ def pause_mid_drain(workers: int) -> None:
     done = Job.objects.filter(status="done").count()
     ready = list(Job.objects.filter(status="ready").values_list("id", "attempts", "history"))
     released = sum(released_for_pause(h) for _, _, h in ready)
+    if frozen is not None:  # jobs claimed over a second before the freeze went back as too late
+        released += sum(1 for _, _, hs in ready for h in hs if h.get("event") == "released"
+                        and h.get("reason") == "prefetched job not started in time")
     statuses = set(Job.objects.values_list("status", flat=True))
     reasons = Counter(str(h.get("reason")) for _, _, hs in ready for h in hs if h.get("event") == "released")
     print(f"\npause mid-drain, {workers} worker(s): queue_pause() waited {waited * 1000:.0f} ms; "
@@ -73,7 +86,7 @@ def pause_mid_drain(workers: int) -> None:
     assert done >= 100 and len(ready) > 0
     # The prefetched jobs went back without spending an attempt (they never had one).
     assert {attempts for _, attempts, _ in ready} == {0}
-    assert released >= 1  # prefetched jobs existed and were given back for the pause
+    assert released >= 1  # prefetched jobs existed and were given back unstarted
     assert Job.objects.filter(status="done").exclude(attempts=1).count() == 0
     # Resume: every job runs, once, at its first attempt.
     assert store.queue_resume("pausable")
@@ -96,3 +109,12 @@ def test_no_handler_starts_after_queue_pause_returns_with_two_workers(spawn):
               env=worker_env(**PREFETCH))
     wait_workers(2)
     pause_mid_drain(2)
+
+
+def test_no_handler_starts_after_queue_pause_returns_in_a_worker_frozen_during_the_pause(spawn):
+    """The worker is SIGSTOPped while it holds prefetched jobs and continued after the pause
+    returned: its monotonic clock ran on, so its pause view is too old to start anything."""
+    worker = spawn("runworker", "--queues", "pausable", "--concurrency", "4", "--worker-id", "p0",
+                   env=worker_env(**PREFETCH))
+    wait_workers(1)
+    pause_mid_drain(1, frozen=worker)

@@ -88,7 +88,7 @@ def sleeper(customer: str, seq: int, seconds: float = 0.1) -> int:
     return seq
 
 
-@task(name="flowlab.pause_probe", queue="pausable", takes_context=True)
+@task(name="flowlab.pause_probe", queue="flow", takes_context=True)
 def pause_probe(context: JobContext, seconds: float = 0.01) -> None:
     """Record the handler's start, by this host's wall clock read on entry, then work ``seconds``.
 

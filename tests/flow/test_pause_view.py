@@ -61,6 +61,7 @@ def test_a_fresh_claim_is_evidence_enough_no_read_on_the_hot_path():
     worker.pool.run_job(items[0])
     assert Execution.objects.filter(job_id=items[0].job.id).count() == 1
     assert worker.pool.pause_view.refreshes == 0
+    worker.pool.pause_view.claimed(time.monotonic(), [items[1].job])  # as a claim just now would
     assert worker.pool.release_paused() == 0  # the heartbeat's round: evidence younger than grace/2
     assert worker.pool.pause_view.refreshes == 0
 

@@ -54,7 +54,7 @@ def pause_mid_drain(workers: int, frozen: WorkerProcess | None = None) -> None:
             key="pause", job_id__in=Job.objects.filter(status="leased").values("id")).count()
         assert held_unstarted > 0  # the frozen worker holds jobs it has not started
     called = time.monotonic()
-    assert store.queue_pause("pausable", by="test")
+    assert store.queue_pause("flow", by="test")
     returned_at = datetime.fromtimestamp(time.time(), UTC)
     waited = time.monotonic() - called
     if frozen is not None:
@@ -89,7 +89,7 @@ def pause_mid_drain(workers: int, frozen: WorkerProcess | None = None) -> None:
     assert released >= 1  # prefetched jobs existed and were given back unstarted
     assert Job.objects.filter(status="done").exclude(attempts=1).count() == 0
     # Resume: every job runs, once, at its first attempt.
-    assert store.queue_resume("pausable")
+    assert store.queue_resume("flow")
     wait_for(lambda: Job.objects.filter(status="done").count() == JOBS, timeout=30, interval=0.05,
              what="all jobs done after the resume")
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
@@ -97,7 +97,7 @@ def pause_mid_drain(workers: int, frozen: WorkerProcess | None = None) -> None:
 
 
 def test_no_handler_starts_after_queue_pause_returns(spawn):
-    spawn("runworker", "--queues", "pausable", "--concurrency", "4", "--worker-id", "p0",
+    spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", "p0",
           env=worker_env(**PREFETCH))
     wait_workers(1)
     pause_mid_drain(1)
@@ -105,7 +105,7 @@ def test_no_handler_starts_after_queue_pause_returns(spawn):
 
 def test_no_handler_starts_after_queue_pause_returns_with_two_workers(spawn):
     for i in range(2):
-        spawn("runworker", "--queues", "pausable", "--concurrency", "4", "--worker-id", f"p{i}",
+        spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", f"p{i}",
               env=worker_env(**PREFETCH))
     wait_workers(2)
     pause_mid_drain(2)
@@ -114,7 +114,7 @@ def test_no_handler_starts_after_queue_pause_returns_with_two_workers(spawn):
 def test_no_handler_starts_after_queue_pause_returns_in_a_worker_frozen_during_the_pause(spawn):
     """The worker is SIGSTOPped while it holds prefetched jobs and continued after the pause
     returned: its monotonic clock ran on, so its pause view is too old to start anything."""
-    worker = spawn("runworker", "--queues", "pausable", "--concurrency", "4", "--worker-id", "p0",
+    worker = spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", "p0",
                    env=worker_env(**PREFETCH))
     wait_workers(1)
     pause_mid_drain(1, frozen=worker)

@@ -109,8 +109,8 @@ class DashboardAdmin(_DashboardAdminBase):
             messages.error(request, str(queue_name_problem(name)))
         elif pause:
             changed = store.queue_pause(name, by=_by(request))
-            messages.success(request, f"Queue {name!r} is paused: workers claim nothing from it until it is "
-                                      "resumed; running jobs finish." if changed
+            messages.success(request, f"Queue {name!r} is paused: no job of it starts until it is resumed; "
+                                      "running jobs finish." if changed
                              else f"Queue {name!r} was already paused.")
         else:
             changed = store.queue_resume(name)

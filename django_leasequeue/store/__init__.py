@@ -92,6 +92,8 @@ from .flow import (
     FLOW_KEYS_WAITING,
     JOB_CLAIM_ANY_QUEUE_RATED,
     JOB_CLAIM_RATED,
+    PAUSE_GRACE,
+    PAUSE_MARGIN,
     QUEUE_LIST,
     QUEUE_PAUSE,
     QUEUE_RESUME,
@@ -106,6 +108,7 @@ from .flow import (
     flow_waiting_on_key,
     queue_list,
     queue_pause,
+    queue_pause_wait,
     queue_paused_names,
     queue_resume,
     queue_throttled_totals,
@@ -242,3 +245,4 @@ __all__ = [
 ]
 __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
             "schedule_record_paused"]
+__all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]

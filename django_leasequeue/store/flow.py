@@ -34,6 +34,7 @@ logged claim leaves the window, so the worker waits exactly that long instead of
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -313,8 +314,16 @@ def _claim_rated(params: dict[str, Any], queues: Sequence[str] | None, rated: Se
         return cur.fetchall(), cur.description
 
 
+# Seconds a worker's pause view (the paused flags it last read, see worker.pool.PauseView) stays
+# good for starting jobs; queue_pause() waits this long, plus PAUSE_MARGIN, after its commit.
+PAUSE_GRACE = 0.5
+# Added to the wait of queue_pause(): covers the few statements between a worker's freshness check
+# and the start of the handler, and any small difference in the rates of the two monotonic clocks.
+PAUSE_MARGIN = 0.05
+
 # Pause a queue: claims skip it from the next claim statement on (the claim reads
-# leasequeue_queue.paused in SQL, so no worker has to notice anything). Leased jobs run to the end.
+# leasequeue_queue.paused in SQL). Jobs a worker already holds unstarted are kept from starting by
+# the worker's pause view and the wait in queue_pause(); leased jobs that started run to the end.
 QUEUE_PAUSE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 INSERT INTO {QUEUE_TABLE} AS s (name, paused, paused_at, paused_by, updated_at, rate_log, throttled_total)
@@ -337,20 +346,53 @@ SELECT r.name, pg_notify(%(channel)s, r.name) FROM resumed r
 """
 
 
-def queue_pause(name: str, *, by: str = "", now: datetime | None = None, alias: str | None = None) -> bool:
-    """Pause queue ``name``: no job is claimed from it until :func:`queue_resume`.
+def queue_pause(name: str, *, by: str = "", now: datetime | None = None, alias: str | None = None,
+                wait: bool = True) -> bool:
+    """Pause queue ``name``: once this returns, no job of the queue starts, in any worker, until
+    :func:`queue_resume`.
 
-    Takes effect at the next claim of every worker (the claim statement filters paused queues);
-    jobs already leased run to the end. Works for queues not yet seen (the row is created).
+    Handlers that had started run to the end. Jobs a worker holds unstarted (prefetched) go back
+    to ``ready`` without spending an attempt. Works for queues not yet seen (the row is created).
+
+    Why the wait makes the rule hold: a worker starts a held job only on a *pause view* (the paused
+    flags it read) younger than ``PAUSE_GRACE`` seconds, aged from the moment the reading
+    statement was sent, by the worker's monotonic clock. A view read after the pause committed
+    sees it. A view read before the commit was sent before the commit, so once this function has
+    waited ``PAUSE_GRACE + PAUSE_MARGIN`` seconds after the commit (by its own monotonic clock),
+    every such view is older than the grace and starts nothing, even in a worker that was frozen
+    (SIGSTOP) meanwhile, whose monotonic clock kept running. This assumes that the monotonic clocks
+    of this process and of the workers advance at the same rate (true on one host; across hosts,
+    up to ordinary clock drift, which the margin covers many times over); it assumes nothing
+    about their offsets.
+
+    Inside ``transaction.atomic()`` the pause commits with the outermost block, so the wait runs
+    then (``on_commit``) and the rule holds once that block has exited.
 
     Args:
         name: queue name.
         by: who paused it (shown by ``manage.py leasequeue_queue list`` and the admin).
+        now: aware datetime recorded as ``paused_at`` instead of the database clock (tests).
+        wait: False returns right after the commit (the old behaviour): no job is *claimed* from
+            the queue after that, but jobs that workers hold unstarted may still start during the
+            next ``PAUSE_GRACE + PAUSE_MARGIN`` seconds.
 
     Returns:
-        True if the queue was running and is now paused; False if it was already paused.
+        True if the queue was running and is now paused; False if it was already paused (the wait
+        applies too: a pause committed by someone else a moment ago may still be in its grace).
     """
-    return _run(QUEUE_PAUSE, {"now": now, "name": name, "by": by}, alias=alias).one() is not None
+    changed = _run(QUEUE_PAUSE, {"now": now, "name": name, "by": by}, alias=alias).one() is not None
+    if wait:
+        transaction.on_commit(queue_pause_wait, using=alias or db_alias())
+    return changed
+
+
+def queue_pause_wait(seconds: float | None = None) -> None:
+    """Sleep until every worker's pause view read before now is past its grace: ``seconds``
+    (default ``PAUSE_GRACE + PAUSE_MARGIN``) by this process's monotonic clock. Called by
+    :func:`queue_pause` after its commit; exposed for callers that paused with ``wait=False``."""
+    deadline = time.monotonic() + (PAUSE_GRACE + PAUSE_MARGIN if seconds is None else seconds)
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(left)
 
 
 def queue_resume(name: str, *, now: datetime | None = None, alias: str | None = None) -> bool:

@@ -2,22 +2,28 @@
 
 Every lease/3 (or ``HEARTBEAT_INTERVAL`` if shorter) it renews the due leases in one statement,
 passes cancel requests and lost leases on to the handlers, releases prefetched jobs that no thread
-started in time, marks handlers past their task's timeout (thread mode: the job stays leased and
-renewed until the handler returns) and asks the worker to stop when too many are stuck. Every
-``PROCESS_HEARTBEAT_INTERVAL`` seconds it touches the worker's process row.
+started in time or whose queue was paused (keeping the worker's pause view fresh while it
+holds unstarted jobs, see :class:`~.pool.PauseView`), marks handlers past their task's timeout
+(thread mode: the job stays leased and renewed until the handler returns) and asks the worker to
+stop when too many are stuck. Every ``PROCESS_HEARTBEAT_INTERVAL`` seconds it touches the worker's process row.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
+from django.db import DatabaseError
+
 from .. import store
 from ..executor import report_lease_lost, with_reconnect
-from ..runtime import Service
+from ..runtime import Service, close_broken_connections
 from .pool import PREFETCH_RELEASE_AFTER, InFlight, Pool
 
 PROCESS_HEARTBEAT_INTERVAL = 5.0
+
+logger = logging.getLogger("django_leasequeue.worker")
 
 
 class HeartbeatService(Service):
@@ -54,6 +60,13 @@ class HeartbeatService(Service):
 
     def run_once(self) -> float:
         self.pool.release_unstarted(older_than=PREFETCH_RELEASE_AFTER)
+        try:
+            self.pool.release_paused()
+        except DatabaseError:
+            # The read of the paused queues failed: threads then refuse to start on the aging
+            # view (they try the read themselves), so nothing starts in a paused queue meanwhile.
+            logger.warning("could not read the paused queues; retrying next round")
+            close_broken_connections()
         now = time.monotonic()
         due: list[InFlight] = []
         next_wake = now + 1.0

@@ -4,8 +4,8 @@ A held job (:class:`InFlight`) is either prefetched (claimed, waiting for a thre
 a job whose handler returned stays held, its thread free, until the completer has written or
 refused its completion, so that its lease is renewed meanwhile. :class:`Pool` owns the threads,
 the held-jobs table and its lock, starts held jobs on free threads (never one whose lease may be
-gone or that was cancelled meanwhile), gives unstarted jobs back to ``ready`` and marks handlers
-past their task's timeout.
+gone, that was cancelled meanwhile, or whose queue may be paused: see :class:`PauseView`), gives
+unstarted jobs back to ``ready`` and marks handlers past their task's timeout.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ logger = logging.getLogger("django_leasequeue.worker")
 
 # A prefetched job that no thread started within this many seconds is released back to ready.
 PREFETCH_RELEASE_AFTER = 1.0
+# The reason recorded in the history of a held job given back because its queue was paused.
+PAUSED_REASON = "queue paused"
 # Weight of the newest job in the moving average of job durations that sizes the prefetch.
 RUNTIME_EWMA_WEIGHT = 0.05
 
@@ -72,6 +74,83 @@ class InFlight:
     # written or refused, so no reaper takes back a job whose handler already returned.
     completing: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
+
+
+class PauseView:
+    """What this worker knows of its queues' paused flags, and how old that knowledge is.
+
+    A held job starts only on evidence, younger than ``store.PAUSE_GRACE`` seconds, that its queue
+    was not paused; its age counts from the moment the statement that read it was *sent*, by this
+    process's monotonic clock. :func:`~django_leasequeue.store.queue_pause` waits that long (plus a
+    margin) after its commit, so evidence read before the pause is too old by the time it returns,
+    and evidence read after it sees the pause (its docstring gives the argument in full).
+
+    Two statements give evidence. The claim: it leases no job of a paused queue, so a claim sent
+    at ``t`` that leased a job of queue ``q`` shows ``q`` was running at ``t`` (:meth:`claimed`;
+    free, and enough for the jobs a thread starts right after their claim). And the read of the
+    paused queues (:meth:`refresh`, one indexed ``SELECT`` of a few rows), for held jobs that
+    wait longer: the heartbeat refreshes the view while the worker holds unstarted jobs, and a
+    thread about to start a job on stale evidence refreshes it first (one read at a time).
+
+    Args:
+        alias: the database alias.
+    """
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()  # at most one read of the paused queues in flight
+        self.paused: frozenset[str] = frozenset()
+        self.read_at = float("-inf")  # monotonic send time of the read behind ``paused``
+        # queue -> monotonic send time of the latest claim that leased a job of the queue
+        self.claimed_at: dict[str, float] = {}
+        self.refreshes = 0
+
+    def claimed(self, sent_at: float, jobs: Sequence[store.ClaimedJob]) -> None:
+        """Record a claim sent at monotonic ``sent_at`` (taken before the statement was sent):
+        the queues of the ``jobs`` it leased were not paused then."""
+        with self._lock:
+            for queue in {job.queue for job in jobs}:
+                if sent_at > self.claimed_at.get(queue, float("-inf")):
+                    self.claimed_at[queue] = sent_at
+
+    def evidence(self, queue: str) -> tuple[bool, float]:
+        """``(running, sent_at)``: the latest evidence about ``queue`` (claim or read), with the
+        monotonic send time of the statement it came from (``-inf``: none yet)."""
+        with self._lock:
+            claimed = self.claimed_at.get(queue, float("-inf"))
+            if claimed > self.read_at:
+                return True, claimed
+            return queue not in self.paused, self.read_at
+
+    def may_start(self, queue: str, now: float) -> bool | None:
+        """True: a job of ``queue`` may start at monotonic ``now``; False: the queue is paused
+        (release the job); None: the evidence is older than ``PAUSE_GRACE`` (refresh first)."""
+        running, sent_at = self.evidence(queue)
+        if now - sent_at >= store.PAUSE_GRACE:
+            return None
+        return running
+
+    def age(self, queue: str, now: float) -> float:
+        """Seconds (monotonic) since the statement behind the latest evidence about ``queue`` was sent."""
+        return now - self.evidence(queue)[1]
+
+    def refresh(self, queue: str | None = None) -> None:
+        """Read the paused queues now. With ``queue``, skip the read when another thread brought
+        fresh evidence about it while this one waited for the read in flight.
+
+        Raises:
+            DatabaseError: the read failed (the view keeps its old, aging evidence).
+        """
+        with self._refreshing:
+            if queue is not None and self.may_start(queue, time.monotonic()) is not None:
+                return
+            sent_at = time.monotonic()
+            paused = frozenset(with_reconnect(lambda: store.queue_paused_names(alias=self.alias)))
+            with self._lock:
+                if sent_at > self.read_at:
+                    self.paused, self.read_at = paused, sent_at
+                self.refreshes += 1
 
 
 def start_margin(lease: float) -> float:
@@ -116,6 +195,8 @@ class Pool:
         self.avg_runtime: float | None = None  # moving average of handler durations, seconds
         self.completing = 0  # held jobs whose handler returned, completion not yet written
         self.prefetch_released = 0
+        self.pause_view = PauseView(alias)
+        self.pause_released = 0  # held jobs given back unstarted because their queue was paused
 
     def bind(self, *, executor: Executor, completer: Completer) -> None:
         """Attach the executor that runs the held jobs and the completer that writes their success."""
@@ -296,6 +377,40 @@ class Pool:
         self.wake()
         return len(released)
 
+    def release_paused(self) -> int:
+        """Keep the pause view fresh while unstarted jobs are held, and give back those whose
+        queue is paused (fenced, token bumped, not an attempt). The heartbeat calls this each
+        round: a refresh once the evidence about a held job's queue is ``PAUSE_GRACE / 2`` old,
+        so that threads seldom wait for one.
+
+        Returns:
+            The number of jobs released.
+
+        Raises:
+            DatabaseError: the read of the paused queues failed.
+        """
+        with self.lock:
+            queues = {i.job.queue for i in self.inflight.values() if not i.started}
+        if not queues:
+            return 0
+        view = self.pause_view
+        now = time.monotonic()
+        if any(view.age(q, now) >= store.PAUSE_GRACE / 2 for q in queues):
+            view.refresh()
+        now = time.monotonic()
+        paused = {q for q in queues if view.may_start(q, now) is False}
+        if not paused:
+            return 0
+        with self.lock:
+            items = [i for i in self.inflight.values() if not i.started and i.job.queue in paused]
+            for item in items:  # the threads skip them when they reach them in the queue
+                del self.inflight[item.job.id]
+        if not items:
+            return 0
+        released = self.release(*items, reason=PAUSED_REASON)
+        self.pause_released += released
+        return released
+
     # -- threads ----------------------------------------------------------------------------------
     def start_threads(self) -> None:
         """Start the ``concurrency`` handler threads."""
@@ -326,6 +441,17 @@ class Pool:
 
     def run_job(self, item: InFlight) -> bool:
         """Run one held job on this thread. Returns True when this thread must retire."""
+        view = self.pause_view
+        if view.may_start(item.job.queue, time.monotonic()) is None and self.holds(item):
+            # The evidence that the queue runs is too old to start on: read the paused queues
+            # first (or wait for the read another thread has in flight). On a database error the
+            # evidence stays stale and the job is released below (if that fails too, it is held
+            # again and the heartbeat's next release round gives it back).
+            try:
+                view.refresh(item.job.queue)
+            except DatabaseError:
+                logger.warning("job %s: could not read the paused queues; not starting it", item.job.id)
+                close_broken_connections()
         with self.lock:
             if self.inflight.get(item.job.id) is not item:
                 return False  # released (prefetched job not started in time, or shutdown)
@@ -341,10 +467,21 @@ class Pool:
             now = time.monotonic()
             too_late = not stale and (now - item.claimed_at > PREFETCH_RELEASE_AFTER
                                       or now > item.lease_valid_until - start_margin(item.lease))
-            if stale or too_late:
+            # Nor unless the pause view, checked here, under the lock, just before the start, says
+            # its queue ran within PAUSE_GRACE seconds (see PauseView): queue_pause() returns only
+            # after such evidence from before the pause has aged past the grace.
+            verdict = view.may_start(item.job.queue, now)
+            paused = not stale and not too_late and verdict is not True
+            if stale or too_late or paused:
                 del self.inflight[item.job.id]
             else:
                 item.started = True
+        if paused:
+            if verdict is None:
+                self.release(item, reason="could not confirm that the job's queue is not paused")
+            else:
+                self.pause_released += self.release(item, reason=PAUSED_REASON)
+            return False
         if too_late:
             self.release(item, reason="too late to start the job (lease may be gone)")
             return False

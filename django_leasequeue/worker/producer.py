@@ -94,6 +94,7 @@ class Producer:
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
             signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
         self.claimed += len(jobs)
+        pool.pause_view.claimed(now, jobs)  # ``now`` was read before the claim was sent
         items = [pool.hold(job) for job in jobs]
         with pool.lock:
             for item in items:

@@ -86,3 +86,17 @@ def sleeper(customer: str, seq: int, seconds: float = 0.1) -> int:
     """The keyless twin of :func:`customer_job` (a baseline for the keyed-limit run time)."""
     time.sleep(seconds)
     return seq
+
+
+@task(name="flowlab.pause_probe", queue="flow", takes_context=True)
+def pause_probe(context: JobContext, seconds: float = 0.01) -> None:
+    """Record the handler's start, by this host's wall clock read on entry, then work ``seconds``.
+
+    The start is stamped before any statement runs, so that a start just before a pause returned
+    is not recorded as after it by the time its row is written (the pause test compares it with
+    the wall clock of the test process, on the same host)."""
+    from datetime import UTC, datetime
+
+    started = datetime.fromtimestamp(time.time(), UTC)
+    Probe.objects.create(key="pause", event="started", job_id=context.job_id, attempt=context.attempt, at=started)
+    time.sleep(seconds)

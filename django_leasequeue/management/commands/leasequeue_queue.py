@@ -1,7 +1,8 @@
 """``manage.py leasequeue_queue pause|resume|list [NAME]``: pause, resume and list queues.
 
-Pausing takes effect at every worker's next claim (the claim statement skips paused queues), so
-within one poll interval at most, and usually at once; jobs already leased run to the end.
+Once ``pause`` has answered, no job of the queue starts in any worker (``store.queue_pause``):
+handlers that had started run to the end, and jobs held unstarted go back to ready without
+spending an attempt.
 Resuming wakes idle workers with a NOTIFY. ``list`` shows each known queue with its state, rate
 limit, throttled claims and ready/leased counts.
 """
@@ -46,10 +47,11 @@ class Command(BaseCommand):
             unknown = [n for n in names if n not in settings.queues]
             if unknown:
                 raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
-        for name in names:
+        for i, name in enumerate(names):
             if action == "pause":
                 by = options["by"] or _user()
-                changed = store.queue_pause(name, by=by)
+                # One wait, after the last commit, covers the pauses committed before it too.
+                changed = store.queue_pause(name, by=by, wait=i == len(names) - 1)
                 self.stdout.write(f"{name}: {'paused' if changed else 'already paused'}")
             else:
                 changed = store.queue_resume(name)

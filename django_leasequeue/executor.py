@@ -6,7 +6,9 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
   inside ``fenced_atomic()``;
 * handler raises anything, ``BaseException`` included (``SystemExit``, ``KeyboardInterrupt``,
   ``MemoryError`` ...) -> a failed attempt: retry after backoff, or ``dead`` when attempts are
-  exhausted; a non-JSON return value is a failed attempt too (case C25);
+  exhausted; a non-JSON return value is a failed attempt too (case C25). The task's ``retry_on``
+  and ``discard_on`` may dead-letter it at once, and ``Retry(...)`` picks the retry's time
+  (:func:`~django_leasequeue.retry.decide`);
 * ``Snooze(seconds)`` raised or returned -> ``ready`` again later, not a failure;
 * ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``; once a cancel was requested,
   any other outcome ends ``cancelled`` too (the store refuses to mark such a job done or retry it);

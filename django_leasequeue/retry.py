@@ -1,4 +1,5 @@
-"""Backoff maths for retries: exponential with jitter, capped. Pure functions, no database.
+"""Backoff maths for retries, exponential with jitter and capped, and the decision that follows a
+failed attempt (:func:`decide`: ``retry_on``, ``discard_on``, ``Retry``). Pure functions, no database.
 
 The shape is the "exponential backoff with jitter" of the AWS Architecture Blog (Marc Brooker,
 2015), in its "equal jitter" variant: the delay for attempt *n* is drawn from
@@ -240,9 +241,16 @@ def decide(exc: BaseException, attempt: int, *, retry_on: Any = None, discard_on
     default policy's delay (``log`` receives the message, with the exception being handled).
 
     Args:
-        exc: the attempt's exception. attempt: its number (1-based).
-        retry_on, discard_on: the task's options (checked at declaration; None for none).
-        backoff: the task's backoff option. default: the policy of the ``BACKOFF_*`` settings.
+        exc: the attempt's exception.
+        attempt: its number (1-based).
+        retry_on: the task's option (exception classes, checked at declaration), or None.
+        discard_on: the task's option (exception classes, checked at declaration), or None.
+        backoff: the task's backoff option.
+        default: the policy of the ``BACKOFF_*`` settings.
+        log: called with a message when the backoff failed (inside the ``except``), or None.
+
+    Returns:
+        A :class:`RetryDecision`.
     """
     if isinstance(exc, Retry):
         if exc.at is not None:

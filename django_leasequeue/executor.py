@@ -558,10 +558,14 @@ class Executor:
         status, run_at = outcome
         if status == "cancelled":  # a cancel was requested while the handler ran
             end_attempt(ctx, "cancelled", error=error["type"], **fields)
-        elif status == "dead":
-            end_attempt(ctx, "dead_lettered", error=error["type"], message=error["message"], **fields)
         else:
-            end_attempt(ctx, "retried", error=error["type"], message=error["message"], run_at=run_at, **fields)
+            # The error's decision and reason (retry_on, discard_on, Retry), when it decided.
+            decided = {key: error[key] for key in ("decision", "reason") if key in error}
+            if status == "dead":
+                end_attempt(ctx, "dead_lettered", error=error["type"], message=error["message"], **decided, **fields)
+            else:
+                end_attempt(ctx, "retried", error=error["type"], message=error["message"], run_at=run_at, **decided,
+                            **fields)
         return status
 
     def _snooze(self, job: store.ClaimedJob, ctx: JobContext, seconds: float, fields: dict[str, Any]) -> str:

@@ -308,3 +308,32 @@ def test_backoff_arity_is_told_apart_by_the_signature():
     assert backoff_takes_exception(lambda attempt: 1) is False
     assert backoff_takes_exception(Backoff().delay) is False  # (attempt, rng=random.random)
     assert backoff_takes_exception(abs) is False
+
+
+def test_the_dead_lettered_and_retried_events_carry_the_decision_and_reason():
+    from django_leasequeue import signals
+
+    seen: list[tuple[str, dict]] = []
+
+    def receiver(sender, event, **kwargs):
+        seen.append((event, kwargs))
+
+    for signal in signals.SIGNALS.values():
+        signal.connect(receiver, dispatch_uid="retry-decision-test")
+    try:
+        discarded = rd_discard.enqueue("key")
+        assert run_one(discarded) == "dead"
+        asked = rd_retry.enqueue(delay=3, reason="later")
+        assert run_one(asked) == "ready"
+        plain = rd_retry_on.enqueue("conn")
+        assert run_one(plain) == "ready"
+    finally:
+        for signal in signals.SIGNALS.values():
+            signal.disconnect(dispatch_uid="retry-decision-test")
+    ended = {kw["job_id"]: (event, kw.get("decision"), kw.get("reason")) for event, kw in seen
+             if event in ("dead_lettered", "retried")}
+    assert ended == {
+        discarded.id: ("dead_lettered", "discarded", "KeyError matches discard_on (KeyError, OSError)"),
+        asked.id: ("retried", "retry_requested", "later"),
+        plain.id: ("retried", None, None),
+    }

@@ -513,7 +513,11 @@ class Executor:
         """
         if isinstance(exc, ChildError) and exc.decision is not None:
             return exc.decision
-        return decide(exc, job.attempts, retry_on=spec.retry_on, discard_on=spec.discard_on, backoff=spec.backoff,
+        # A child that could not decide leaves only a description: matching ChildError against
+        # retry_on/discard_on would be wrong either way, so it is an ordinary failure.
+        child = isinstance(exc, ChildError)
+        return decide(exc, job.attempts, retry_on=None if child else spec.retry_on,
+                      discard_on=None if child else spec.discard_on, backoff=spec.backoff,
                       default=self.default_backoff,
                       log=lambda message: logger.exception("job %s: %s", job.id, message))
 

@@ -280,6 +280,17 @@ def test_the_worker_uses_the_childs_decision_over_its_own():
     assert Execution.objects.count() == 0
 
 
+def test_a_child_error_without_a_decision_is_an_ordinary_failure():
+    # Only the description came back: it is not matched against retry_on=ConnectionError.
+    from django_leasequeue.executor import ChildError
+    from django_leasequeue.retry import RetryDecision
+
+    rd_retry_on.enqueue("value")
+    (claimed,) = claim()
+    error = ChildError({"type": "builtins.ValueError", "message": "bad input", "traceback": ""})
+    assert _executor()._decide(rd_retry_on, claimed, error) == RetryDecision(delay=0.0)  # the task's backoff=0
+
+
 class NotAnError:
     pass
 

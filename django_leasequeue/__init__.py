@@ -3,7 +3,7 @@
 Public API (imported lazily, so ``import django_leasequeue`` never imports models)::
 
     from django_leasequeue import task, enqueue, enqueue_on_commit, enqueue_many, JobContext
-    from django_leasequeue import LeaseLost, JobCancelled, Snooze, Backoff
+    from django_leasequeue import LeaseLost, JobCancelled, Snooze, Retry, Backoff
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ _EXPORTS = {
     "LeaseLost": "exceptions",
     "JobCancelled": "exceptions",
     "Snooze": "exceptions",
+    "Retry": "exceptions",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .exceptions import NotMigrated as NotMigrated
     from .exceptions import PayloadNotSerializable as PayloadNotSerializable
     from .exceptions import PayloadTooLarge as PayloadTooLarge
+    from .exceptions import Retry as Retry
     from .exceptions import Snooze as Snooze
     from .exceptions import UnknownTask as UnknownTask
     from .retry import Backoff as Backoff

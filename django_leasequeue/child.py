@@ -23,7 +23,8 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
 
     Messages: ``("started",)``, then ``(kind, value, completed_in_transaction)`` with kind
     ``returned`` (the JSON value), ``snooze`` (seconds), ``cancelled``/``lease_lost`` (message),
-    ``not_serializable`` (message) or ``raised`` (the error entry)."""
+    ``not_serializable`` (message) or ``raised`` (``{"error": the error entry, "decision": the
+    retry.RetryDecision, or None when it could not be made}``)."""
     import django
 
     # A process group of its own: at the timeout the worker kills the group, so that subprocesses
@@ -74,8 +75,31 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     except PayloadNotSerializable as exc:
         message = ("not_serializable", str(exc), False)
     except BaseException as exc:  # noqa: BLE001 - every error is the attempt's outcome
-        message = ("raised", describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id), False)
+        # The retry decision is made here, where the exception object is (the worker only gets
+        # its description): retry_on/discard_on match its class, a backoff may look at it.
+        message = ("raised", {"error": describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id),
+                              "decision": _decide(payload["task"], exc, ctx.attempt)}, False)
     message = (message[0], message[1], ctx.completed_in_transaction)
     conn.send(message)
     conn.close()
     connections.close_all()
+
+
+def _decide(task_name: str, exc: BaseException, attempt: int) -> Any:
+    """The :class:`~django_leasequeue.retry.RetryDecision` for ``exc``, or None (the worker then
+    decides from the error entry alone, as for an unknown task); never raises."""
+    import logging
+
+    from . import registry
+    from .conf import get_settings
+    from .retry import Backoff, decide
+
+    try:
+        spec = registry.get_task(task_name)
+        settings = get_settings()
+        default = Backoff(base=settings.backoff_base, max=settings.backoff_max, jitter=settings.backoff_jitter)
+        logger = logging.getLogger("django_leasequeue.executor")
+        return decide(exc, attempt, retry_on=spec.retry_on, discard_on=spec.discard_on, backoff=spec.backoff,
+                      default=default, log=lambda message: logger.exception("task %s: %s", task_name, message))
+    except Exception:  # noqa: BLE001 - the attempt's own error must still reach the worker
+        return None

@@ -38,7 +38,7 @@ from .arguments import (
 from .conf import Settings, get_settings, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
 from .registry import P, R, TaskSpec, register_task, resolve_task
-from .retry import BackoffLike
+from .retry import BackoffLike, ExceptionClasses, check_retry_options
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -85,7 +85,8 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          timeout: float | timedelta | None = None, takes_context: Literal[False] = False,
          manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
-         concurrency_limit: int | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
+         discard_on: ExceptionClasses | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 @overload
@@ -93,7 +94,9 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
          timeout: float | timedelta | None = None, takes_context: Literal[True], manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
-         concurrency_limit: int | None = None) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
+         concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
+         discard_on: ExceptionClasses | None = None,
+         ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
 @overload
@@ -101,7 +104,8 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          max_attempts: int | None = None, backoff: BackoffLike | None = None, lease: float | timedelta | None = None,
          timeout: float | timedelta | None = None, takes_context: bool, manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
-         concurrency_limit: int | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
+         concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
+         discard_on: ExceptionClasses | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
 
 
 def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
@@ -109,7 +113,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
          lease: float | timedelta | None = None, timeout: float | timedelta | None = None,
          takes_context: bool = False, manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
-         concurrency_limit: int | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
+         concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
+         discard_on: ExceptionClasses | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
     """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
 
     The returned :class:`Task` keeps the handler's signature for type checkers:
@@ -123,8 +128,9 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         queue: default queue; None means ``LEASEQUEUE["DEFAULT_QUEUE"]``.
         priority: -100..100, higher first.
         max_attempts: claims before dead-lettering (>= 1); None means the setting.
-        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``;
-            None means the ``BACKOFF_*`` settings.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds, ``attempt -> seconds``
+            or ``(attempt, exc) -> seconds | None`` (told apart by the callable's signature; None
+            returned means the settings' delay); None means the ``BACKOFF_*`` settings.
         lease: lease length, seconds (int or float) or a ``datetime.timedelta``; None means the
             worker's default (``LEASE``).
         timeout: how long one attempt may run, seconds (int or float) or a ``datetime.timedelta``;
@@ -133,6 +139,11 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         manual_heartbeat: renew the lease only when the handler calls ``context.heartbeat()``.
         concurrency_key: a ``str.format`` template over the arguments, or a callable taking them.
         concurrency_limit: at most this many jobs of one ``concurrency_key`` are leased at once.
+        retry_on: an exception class or a tuple of them; when given, only a failure raising one of
+            them (``isinstance``) is retried, any other is dead-lettered at once ("not_retryable").
+        discard_on: an exception class or a tuple of them; a failure raising one is dead-lettered
+            at once ("discarded"), without spending the remaining attempts. It wins over
+            ``retry_on`` when both match.
 
     Returns:
         A :class:`Task`.
@@ -148,10 +159,12 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease_s, timeout=timeout_s,
                            backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                            queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
+        retry_classes, discard_classes = check_retry_options(task_name, retry_on, discard_on)
         registered: Task[..., Any] = Task(
             func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
             lease=lease_s, timeout=timeout_s, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            retry_on=retry_classes, discard_on=discard_classes,
         )
         register_task(registered)
         return registered

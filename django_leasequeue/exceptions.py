@@ -6,6 +6,9 @@ catch the whole family in one clause.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 from django.db.utils import ProgrammingError
 
 
@@ -130,3 +133,58 @@ class CorruptRow(LeaseQueueError):
     not a list and an object, a time outside Python's range: a row written by hand or by an older
     version) and was dead-lettered without running. Like :class:`LeaseExpired`, it names an entry
     of ``Job.errors`` (its message gives the reason) rather than being raised."""
+
+
+class Retry(LeaseQueueError):  # noqa: N818 - the name is the verb, as Snooze
+    """Raise ``Retry(...)`` from a handler to fail this attempt and retry the job at a chosen time.
+
+    Unlike :class:`Snooze`, the attempt counts: it is a failed attempt (recorded in ``Job.errors``
+    with ``"decision": "retry_requested"`` and the ``reason``), retried at the time asked for. On the
+    job's last attempt (``attempts == max_attempts``) the job is dead-lettered instead. The task's
+    ``retry_on`` and ``discard_on`` do not apply to it: the handler decided.
+
+    Give at most one of ``delay`` and ``at``; with neither, the task's backoff picks the delay.
+
+    Args:
+        delay (float | timedelta | None): seconds from the failure (database time) to the retry,
+            from 0 to 100 years.
+        at (datetime | None): an aware datetime; the retry's ``run_at`` is exactly this time (a
+            time already past makes the retry due at once, at the failure's time).
+        reason (str): why, recorded in the job's error entry (at most 4000 characters are kept).
+
+    Raises:
+        ValueError: both ``delay`` and ``at``; a naive ``at`` or one that is not a datetime; a
+            negative, NaN, infinite or over-100-years ``delay``; a ``reason`` that is not a str.
+            Raised inside the handler, so the attempt fails with this ValueError as its error
+            (and the task's ``retry_on``, ``discard_on`` and backoff decide what follows).
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, *, at: datetime | None = None,
+                 reason: str = "") -> None:
+        import math
+
+        if delay is not None and at is not None:
+            raise ValueError("Retry takes delay or at, not both")
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))
+                                  or not math.isfinite(delay) or not 0 <= delay <= 100 * 366 * 24 * 3600):
+            raise ValueError(f"Retry delay must be a finite number of seconds from 0 to 100 years, got {delay!r}")
+        if at is not None and (not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None):
+            raise ValueError(f"Retry at must be an aware datetime, got {at!r}")
+        if not isinstance(reason, str):
+            raise ValueError(f"Retry reason must be a str, got {reason!r}")
+        self.delay = None if delay is None else float(delay)
+        self.at = at
+        self.reason = reason
+        when = f"at {at.isoformat()}" if at is not None else (
+            "after the backoff" if delay is None else f"in {self.delay:g} s")
+        super().__init__(f"retry requested {when}" + (f": {reason}" if reason else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled from a process-mode child to the worker: rebuild from the arguments, not the message.
+        return (_rebuild_retry, (self.delay, self.at, self.reason))
+
+
+def _rebuild_retry(delay: float | None, at: datetime | None, reason: str) -> Retry:
+    return Retry(delay, at=at, reason=reason)

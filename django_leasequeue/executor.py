@@ -6,7 +6,9 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
   inside ``fenced_atomic()``;
 * handler raises anything, ``BaseException`` included (``SystemExit``, ``KeyboardInterrupt``,
   ``MemoryError`` ...) -> a failed attempt: retry after backoff, or ``dead`` when attempts are
-  exhausted; a non-JSON return value is a failed attempt too (case C25);
+  exhausted; a non-JSON return value is a failed attempt too (case C25). The task's ``retry_on``
+  and ``discard_on`` may dead-letter it at once, and ``Retry(...)`` picks the retry's time
+  (:func:`~django_leasequeue.retry.decide`);
 * ``Snooze(seconds)`` raised or returned -> ``ready`` again later, not a failure;
 * ``JobCancelled`` (from ``ctx.check_cancel()``) -> ``cancelled``; once a cancel was requested,
   any other outcome ends ``cancelled`` too (the store refuses to mark such a job done or retry it);
@@ -46,8 +48,8 @@ from .exceptions import (
     Snooze,
     UnknownTask,
 )
-from .failures import describe_error
-from .retry import Backoff, as_backoff, clamp_delay
+from .failures import MAX_MESSAGE, describe_error, storable_text
+from .retry import Backoff, RetryDecision, clamp_delay, decide
 from .runtime import close_broken_connections, is_connection_error
 
 logger = logging.getLogger("django_leasequeue.executor")
@@ -73,11 +75,13 @@ def _signal_group(pgid: int | None, sig: int) -> None:
 
 class ChildError(Exception):
     """A handler that ran in a child process (``EXECUTION = "process"``) raised: carries the error
-    entry the child built (its real type, message and traceback)."""
+    entry the child built (its real type, message and traceback), and the retry decision the child
+    made with the real exception (the task's ``retry_on``, ``discard_on`` and backoff see it there)."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
+    def __init__(self, error: dict[str, Any], decision: RetryDecision | None = None) -> None:
         super().__init__(error.get("message", ""))
         self.error = error
+        self.decision = decision
 
 
 class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
@@ -323,7 +327,8 @@ class Executor:
                 logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
                 end_attempt(ctx, "succeeded", **fields)
                 return "done"
-            return self._fail(job, ctx, exc, retry_delay=self._retry_delay(spec, job), fields=fields)
+            decision = self._decide(spec, job, exc)
+            return self._fail(job, ctx, exc, retry_delay=decision.delay, fields=fields, decision=decision)
         if ctx.completed_in_transaction:
             # fenced_atomic() marked the job done before the handler returned: store the return
             # value now, fenced on the same token. A value that cannot be stored is not fatal (the
@@ -454,7 +459,7 @@ class Executor:
             raise LeaseLost(value)
         if kind == "not_serializable":
             raise PayloadNotSerializable(value)
-        raise ChildError(value)
+        raise ChildError(value["error"], value.get("decision"))
 
     @staticmethod
     def _kill(proc: Any) -> None:
@@ -489,24 +494,32 @@ class Executor:
         job's lease) keeps the retry from being due before then, however short the task's backoff,
         so that no other worker starts it beside the stuck attempt."""
         fields = job_fields(job)
+        timed_out = JobTimedOut(message)
         try:
-            delay = self._retry_delay(registry.get_task(job.task), job)
+            decision = self._decide(registry.get_task(job.task), job, timed_out)
         except UnknownTask:
-            delay = clamp_delay(self.default_backoff.delay(job.attempts))
-        return self._fail(job, ctx, JobTimedOut(message), retry_delay=max(delay, float(min_delay)), fields=fields)
+            decision = RetryDecision(delay=clamp_delay(self.default_backoff.delay(job.attempts)))
+        delay = None if decision.delay is None else max(decision.delay, float(min_delay))
+        return self._fail(job, ctx, timed_out, retry_delay=delay, fields=fields, decision=decision)
 
-    def _retry_delay(self, spec: Any, job: store.ClaimedJob) -> float:
-        """The seconds before the retry of ``job``'s failed attempt, from the task's backoff option.
+    def _decide(self, spec: Any, job: store.ClaimedJob, exc: BaseException) -> RetryDecision:
+        """What follows ``job``'s failed attempt that raised ``exc``: the task's ``retry_on``,
+        ``discard_on`` and backoff options applied by :func:`~django_leasequeue.retry.decide`
+        (a process-mode child decided already, with the real exception).
 
-        Never raises: whatever the retry-policy code does (a bad option, an exception, even a
-        ``BaseException`` such as SystemExit, NaN), the default policy's delay is used and the
-        handler's own error is still the one recorded.
+        Never raises: whatever the backoff does (an exception, even a ``BaseException`` such as
+        SystemExit, NaN), the default policy's delay is used and the handler's own error is still
+        the one recorded.
         """
-        try:
-            return clamp_delay(as_backoff(spec.backoff, self.default_backoff)(job.attempts))
-        except BaseException:  # noqa: BLE001 - the retry policy must never take the handler's error with it
-            logger.exception("job %s: the task's backoff failed; using the default", job.id)
-            return clamp_delay(self.default_backoff.delay(job.attempts))
+        if isinstance(exc, ChildError) and exc.decision is not None:
+            return exc.decision
+        # A child that could not decide leaves only a description: matching ChildError against
+        # retry_on/discard_on would be wrong either way, so it is an ordinary failure.
+        child = isinstance(exc, ChildError)
+        return decide(exc, job.attempts, retry_on=None if child else spec.retry_on,
+                      discard_on=None if child else spec.discard_on, backoff=spec.backoff,
+                      default=self.default_backoff,
+                      log=lambda message: logger.exception("job %s: %s", job.id, message))
 
     def _call(self, spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
         args = list(job.args or [])
@@ -520,14 +533,26 @@ class Executor:
         return result
 
     def _fail(self, job: store.ClaimedJob, ctx: JobContext, exc: BaseException, *, retry_delay: float | None,
-              fields: dict[str, Any]) -> str:
+              fields: dict[str, Any], decision: RetryDecision | None = None) -> str:
         if isinstance(exc, ChildError):  # raised in a child process: keep the child's own description
             error = {**exc.error, "attempt": job.attempts, "worker": self.worker_id}
         else:
             error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
+        if decision is not None:
+            error.update({key: storable_text(value[:MAX_MESSAGE]) for key, value in decision.entry_fields().items()})
+
+        def write() -> tuple[str, Any] | None:
+            now = None
+            delay = retry_delay
+            if decision is not None and decision.at is not None and retry_delay is not None:
+                # Retry(at=...): the retry's run_at is exactly ``at``. The failure is written at
+                # a database time read just before, so that now + (at - now) is ``at`` itself.
+                now = store.db_now(alias=self.alias)
+                delay = clamp_delay((decision.at - now).total_seconds())
+            return store.job_fail(job.id, job.lease_version, error, retry_delay=delay, now=now, alias=self.alias)
+
         try:
-            outcome = with_reconnect(lambda: store.job_fail(job.id, job.lease_version, error,
-                                                            retry_delay=retry_delay, alias=self.alias))
+            outcome = with_reconnect(write)
         except DatabaseError:
             logger.exception("job %s: could not record the failure; the lease will expire", job.id)
             return "unrecorded"
@@ -537,10 +562,14 @@ class Executor:
         status, run_at = outcome
         if status == "cancelled":  # a cancel was requested while the handler ran
             end_attempt(ctx, "cancelled", error=error["type"], **fields)
-        elif status == "dead":
-            end_attempt(ctx, "dead_lettered", error=error["type"], message=error["message"], **fields)
         else:
-            end_attempt(ctx, "retried", error=error["type"], message=error["message"], run_at=run_at, **fields)
+            # The error's decision and reason (retry_on, discard_on, Retry), when it decided.
+            decided = {key: error[key] for key in ("decision", "reason") if key in error}
+            if status == "dead":
+                end_attempt(ctx, "dead_lettered", error=error["type"], message=error["message"], **decided, **fields)
+            else:
+                end_attempt(ctx, "retried", error=error["type"], message=error["message"], run_at=run_at, **decided,
+                            **fields)
         return status
 
     def _snooze(self, job: store.ClaimedJob, ctx: JobContext, seconds: float, fields: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, Unpack
 from .arguments import JobOptions, UsingOptions, check_using, seconds_option
 from .conf import get_settings
 from .exceptions import ConfigurationError, EnqueueError, UnknownTask
-from .retry import BackoffLike
+from .retry import BackoffLike, ExceptionClasses
 
 __all__ = ["JobOptions", "P", "R", "TaskSpec", "UsingOptions", "add_resolver", "autodiscover",
            "close_matches", "did_you_mean", "get_task", "known_task_names", "register_task", "registered_tasks",
@@ -61,7 +61,8 @@ class TaskSpec(Generic[P, R]):
         name (str): registry name stored in each job row.
         queue (str), priority (int -100..100): defaults for enqueued jobs.
         max_attempts (int | None): claims before dead-lettering; None means the setting.
-        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds or ``attempt -> seconds``.
+        backoff: a :class:`~django_leasequeue.retry.Backoff`, base seconds, ``attempt -> seconds`` or
+            ``(attempt, exc) -> seconds | None`` (None: the ``BACKOFF_*`` settings' delay).
         lease (float | None): lease length in seconds; None means the worker's default.
         timeout (float | None): seconds one attempt may run, counted from the handler's start.
             In thread mode a handler past it keeps its thread's slot and its job's lease until it
@@ -74,6 +75,11 @@ class TaskSpec(Generic[P, R]):
         concurrency_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over
             the arguments; with ``concurrency_limit`` N at most N such jobs are leased at once.
         concurrency_limit (int | None): see ``concurrency_key``.
+        retry_on: an exception class or a tuple of them: only a failure raising one of them
+            (``isinstance``) is retried; any other is dead-lettered at once (``not_retryable``).
+            None: every failure is retried until ``max_attempts``.
+        discard_on: an exception class or a tuple of them: a failure raising one is dead-lettered
+            at once (``discarded``), even when it matches ``retry_on`` too.
     """
 
     func: Callable[..., R]
@@ -88,6 +94,9 @@ class TaskSpec(Generic[P, R]):
     manual_heartbeat: bool = False
     concurrency_key: str | Callable[..., str] | None = None
     concurrency_limit: int | None = None
+    # Which errors are retried (see retry.decide): exception classes, checked at declaration.
+    retry_on: ExceptionClasses | None = None
+    discard_on: ExceptionClasses | None = None
     # Options for the next enqueue, set through using().
     run_at: datetime | timedelta | None = field(default=None, compare=False)
     unique_key: str | None = field(default=None, compare=False)

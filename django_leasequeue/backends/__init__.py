@@ -42,10 +42,12 @@ How it maps (docs/howto/django-tasks.md has the user's view):
   (``async_to_sync``) on the job's worker thread, so ``sync_to_async`` ORM calls inside them run on
   that thread and its connection.
 * Per-task options (``max_attempts``, ``backoff``, ``lease``, ``timeout``, ``unique_key``,
-  ``unique_scope``) live on :class:`LeaseQueueTask`, the backend's ``task_class``. Django 6.1 and
-  the backport (0.12) pass extra ``@task(...)`` keywords to it; on Django 6.0 use
-  :func:`task_options` under ``@task``. Precedence: the task's own option, then
-  :func:`task_options`, then ``OPTIONS``, then ``LEASEQUEUE``.
+  ``unique_scope``, ``retry_on``, ``discard_on``) live on :class:`LeaseQueueTask`, the
+  backend's ``task_class``. Django 6.1 and the backport (0.12) pass extra ``@task(...)``
+  keywords to it; on Django 6.0 use :func:`task_options` under ``@task``. Precedence: the task's own option, then
+  :func:`task_options`, then ``OPTIONS``, then ``LEASEQUEUE``. ``retry_on`` and ``discard_on``
+  are per task only (no ``OPTIONS`` key); a ``BACKOFF`` callable may take ``(attempt, exc)``; a
+  task may ``raise Retry(...)`` as a native handler does.
 
 The modules, lowest first (each imports only those above it):
 

@@ -24,6 +24,7 @@ from ..compat_tasks import (
 from ..conf import queue_name_problem
 from ..enqueueing import build_job, insert_job
 from ..exceptions import ConfigurationError
+from ..retry import check_retry_options
 from .events import _connect_lease_expired, _install_attempt_hook, _send
 from .options import _Options, _options_of, _parse_options
 from .registered import _TASKS, _register
@@ -116,6 +117,7 @@ class LeaseQueueBackend(_ResultBackend):
             own = _options_of(task)
             arguments.check_task_options(name, priority=int(task.priority), max_attempts=own.max_attempts,
                                         lease=own.lease, timeout=own.timeout, backoff=own.backoff)
+            check_retry_options(name, own.retry_on, own.discard_on)
         except ConfigurationError as exc:
             raise InvalidTask(str(exc))
         if own.unique_scope not in ("retained", "active"):

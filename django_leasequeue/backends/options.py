@@ -11,9 +11,10 @@ from .. import arguments
 from ..compat_tasks import Task
 from ..conf import unknown_keys_hint
 from ..exceptions import ConfigurationError
-from ..retry import Backoff, BackoffLike
+from ..retry import Backoff, BackoffLike, ExceptionClasses
 
-TASK_OPTION_NAMES = ("max_attempts", "backoff", "lease", "timeout", "unique_key", "unique_scope")
+TASK_OPTION_NAMES = ("max_attempts", "backoff", "lease", "timeout", "unique_key", "unique_scope", "retry_on",
+                     "discard_on")
 _FUNC_ATTR = "_leasequeue_task_options"
 
 
@@ -33,7 +34,9 @@ def task_options(**options: Any) -> Callable[[Callable[..., Any]], Callable[...,
         options: any of ``max_attempts`` (int >= 1), ``backoff`` (a
             :class:`~django_leasequeue.retry.Backoff`, base seconds, or ``attempt -> seconds``),
             ``lease`` and ``timeout`` (seconds or timedelta), ``unique_key`` (see
-            :class:`LeaseQueueTask`), ``unique_scope`` (``"retained"`` or ``"active"``).
+            :class:`LeaseQueueTask`), ``unique_scope`` (``"retained"`` or ``"active"``),
+            ``retry_on`` and ``discard_on`` (an exception class or a tuple of them, as in the
+            native ``@task``).
 
     Raises:
         TypeError: an unknown option name (values are checked when ``@task`` validates the task).
@@ -57,6 +60,8 @@ class _Options:
     timeout: float | None = None
     unique_key: str | Callable[..., str] | None = None
     unique_scope: str = "retained"
+    retry_on: ExceptionClasses | None = None
+    discard_on: ExceptionClasses | None = None
 
 
 def _seconds(value: Any, what: str) -> float | None:
@@ -80,6 +85,8 @@ def _options_of(task: Task[..., Any]) -> _Options:
         timeout=_seconds(merged.get("timeout"), f"task {name!r}: timeout"),
         unique_key=merged.get("unique_key"),
         unique_scope=merged.get("unique_scope") or "retained",
+        retry_on=merged.get("retry_on"),
+        discard_on=merged.get("discard_on"),
     )
 
 

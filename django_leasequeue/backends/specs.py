@@ -37,7 +37,7 @@ def _build_spec(task: Task[..., Any], backend: _ResultBackend) -> registry.TaskS
         max_attempts=own.max_attempts or defaults.max_attempts,
         backoff=own.backoff if own.backoff is not None else defaults.backoff,
         lease=own.lease or defaults.lease, timeout=own.timeout or defaults.timeout,
-        takes_context=True,
+        takes_context=True, retry_on=own.retry_on, discard_on=own.discard_on,
     )
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..compat_tasks import Task, TaskContext
 from ..context import JobContext
-from ..retry import BackoffLike
+from ..retry import BackoffLike, ExceptionClasses
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -52,6 +52,10 @@ class LeaseQueueTask(_TaskBase):
             enqueue returns the existing job's result instead of inserting.
         unique_scope (str | None): ``"retained"`` (default: the key stays taken while the row
             exists) or ``"active"`` (taken while the job is ready or leased).
+        retry_on: an exception class or a tuple of them: only failures raising one are retried,
+            any other is dead-lettered at once (see the native ``@task``).
+        discard_on: an exception class or a tuple of them: a failure raising one is dead-lettered
+            at once, without spending the remaining attempts.
     """
 
     max_attempts: int | None = None
@@ -60,6 +64,8 @@ class LeaseQueueTask(_TaskBase):
     timeout: float | timedelta | None = None
     unique_key: str | Callable[..., str] | None = None
     unique_scope: str | None = None
+    retry_on: ExceptionClasses | None = None
+    discard_on: ExceptionClasses | None = None
 
     def using(self, *, priority: int | None = None, queue_name: str | None = None,
               run_after: datetime | timedelta | None = None, backend: str | None = None,
@@ -69,8 +75,9 @@ class LeaseQueueTask(_TaskBase):
 
         Besides the framework's ``priority``, ``queue_name``, ``run_after`` (an aware datetime or
         a ``timedelta``) and ``backend``, accepts ``max_attempts``, ``unique_key`` and
-        ``unique_scope``. ``lease``, ``backoff`` and ``timeout`` are per task, set where the task
-        is declared: the worker reads them from the registered task, not from the job.
+        ``unique_scope``. ``lease``, ``backoff``, ``timeout``, ``retry_on`` and ``discard_on`` are
+        per task, set where the task is declared: the worker reads them from the registered task,
+        not from the job.
 
         Raises:
             TypeError: an unknown or per-task-only option.
@@ -78,8 +85,8 @@ class LeaseQueueTask(_TaskBase):
         """
         if unsupported:
             raise TypeError(
-                f"using() got {sorted(unsupported)}; lease, backoff and timeout are per task: set them in "
-                "@task(...) (Django 6.1, backport) or @task_options(...) (Django 6.0)"
+                f"using() got {sorted(unsupported)}; lease, backoff, timeout, retry_on and discard_on are per "
+                "task: set them in @task(...) (Django 6.1, backport) or @task_options(...) (Django 6.0)"
             )
         changes: dict[str, Any] = {name: value for name, value in (
             ("priority", priority), ("queue_name", queue_name), ("run_after", run_after), ("backend", backend),

@@ -12,7 +12,7 @@ import threading
 import time
 from decimal import Decimal
 
-from django_leasequeue import Backoff, JobContext, LeaseLost, task
+from django_leasequeue import Backoff, JobContext, LeaseLost, Retry, task
 
 from . import ledger
 from .models import Effect, Execution, Probe
@@ -463,3 +463,34 @@ def adv_grandchild(context: JobContext, pidfile: str) -> None:
     with open(pidfile, "w") as fh:
         fh.write(str(proc.pid))
     time.sleep(60)
+
+
+# Retries decided by the error: one task per rule, each run counted as an Execution (tag = kind).
+@task(name="qa.discarded_error", takes_context=True, max_attempts=5, discard_on=PermissionError)
+def discarded_error(context: JobContext, n: int) -> None:
+    """Raise a ``discard_on`` error: dead-lettered after its first attempt, 4 attempts unspent."""
+    _record(context, "discarded")
+    raise PermissionError(f"no access to record {n}")
+
+
+@task(name="qa.flaky_until_third", takes_context=True, max_attempts=5, retry_on=ConnectionError,
+      discard_on=PermissionError, backoff=lambda attempt, exc: 0.05 if isinstance(exc, ConnectionError) else None)
+def flaky_until_third(context: JobContext, n: int) -> int:
+    """Raise a ``retry_on`` error on attempts 1 and 2 (retried 50 ms later), return ``n`` on the third."""
+    _record(context, "flaky")
+    if context.attempt < 3:
+        raise ConnectionError(f"upstream down (attempt {context.attempt})")
+    return n
+
+
+@task(name="qa.retry_at", takes_context=True, max_attempts=3)
+def retry_at(context: JobContext, n: int, delay: float = 0.2) -> int:
+    """First attempt: ``raise Retry(at=now + delay)`` (database time); second attempt: return ``n``."""
+    from datetime import timedelta
+
+    from django_leasequeue import store
+
+    _record(context, "retry_at")
+    if context.attempt == 1:
+        raise Retry(at=store.db_now() + timedelta(seconds=delay), reason=f"quota resets (record {n})")
+    return n

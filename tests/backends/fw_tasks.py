@@ -81,3 +81,28 @@ def unique_report(day: str) -> str:
 @task_options(max_attempts=9, lease=12.5)
 def with_function_options() -> None:
     return None
+
+
+# Retries decided by the error, through @task keywords (Django 6.1, the backport) and task_options.
+@task(max_attempts=5, discard_on=PermissionError, backoff=0)
+def fw_discarded(n: int) -> None:
+    raise PermissionError(f"no access to record {n}")
+
+
+def _fw_backoff(attempt: int, exc: BaseException) -> float | None:
+    return 7.0 * attempt if isinstance(exc, ConnectionError) else None
+
+
+@task
+@task_options(max_attempts=4, retry_on=ConnectionError, backoff=_fw_backoff)
+def fw_retry_on(kind: str) -> None:
+    raise {"conn": ConnectionError("down"), "value": ValueError("bad input")}[kind]
+
+
+@task(max_attempts=2)
+def fw_retry_at(at: str, reason: str) -> None:
+    from datetime import datetime
+
+    from django_leasequeue import Retry
+
+    raise Retry(at=datetime.fromisoformat(at), reason=reason)

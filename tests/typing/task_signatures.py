@@ -72,3 +72,23 @@ def declared_at_runtime(flag: bool) -> None:
     # takes_context not known statically: the task's parameters are unchecked, the return type kept.
     flexible = task(takes_context=flag)(plain.func)
     assert_type(flexible.enqueue("anything", 1, 2), Job)
+
+
+# Retries decided by the error: exception classes, and a backoff that receives the exception.
+def _per_error(attempt: int, exc: BaseException) -> float | None:
+    return None
+
+
+@task(max_attempts=5, retry_on=(ConnectionError, TimeoutError), discard_on=PermissionError, backoff=_per_error)
+def with_retry_rules(record_id: int) -> None:
+    pass
+
+
+@task(takes_context=True, retry_on=ConnectionError)
+def with_retry_rules_and_context(context: JobContext, record_id: int) -> None:
+    pass
+
+
+assert_type(with_retry_rules.enqueue(1), Job)
+assert_type(with_retry_rules_and_context.enqueue(1), Job)
+task(retry_on="ConnectionError")  # type: ignore[call-overload]

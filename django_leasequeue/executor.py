@@ -84,6 +84,13 @@ class ChildError(Exception):
         self.decision = decision
 
 
+class ChildProcessFailed(RuntimeError):
+    """The child process of a process-mode attempt died (a signal, the OOM killer, ``os._exit``) or
+    never started the handler. Like a crashed worker it is retried after the backoff, whatever the
+    task's ``retry_on`` and ``discard_on`` say: they describe the handler's own exceptions, and none
+    reached us."""
+
+
 class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
     """The worker's graceful stop killed the child (after the grace period): the job is released."""
 
@@ -421,7 +428,8 @@ class Executor:
         sender.close()
         try:
             if not receiver.poll(CHILD_START_TIMEOUT):
-                raise RuntimeError(f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
+                raise ChildProcessFailed(
+                    f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
             receiver.recv()  # "started": the timeout counts from here
             started = time.monotonic()
             if not receiver.poll(spec.timeout):  # None: wait as long as it runs
@@ -435,7 +443,7 @@ class Executor:
                 proc.join(CHILD_TERM_GRACE)
                 if self._stopping:
                     raise _KilledAtStop() from None
-                raise RuntimeError(f"the child process running the handler died (exit code {proc.exitcode})") \
+                raise ChildProcessFailed(f"the child process running the handler died (exit code {proc.exitcode})") \
                     from None
         finally:
             receiver.close()
@@ -513,9 +521,10 @@ class Executor:
         """
         if isinstance(exc, ChildError) and exc.decision is not None:
             return exc.decision
-        # A child that could not decide leaves only a description: matching ChildError against
-        # retry_on/discard_on would be wrong either way, so it is an ordinary failure.
-        child = isinstance(exc, ChildError)
+        # A child that could not decide leaves only a description, and a child that died left
+        # nothing: matching either against retry_on/discard_on would be wrong, so it is an
+        # ordinary failure (retried after the backoff).
+        child = isinstance(exc, ChildError | ChildProcessFailed)
         return decide(exc, job.attempts, retry_on=None if child else spec.retry_on,
                       discard_on=None if child else spec.discard_on, backoff=spec.backoff,
                       default=self.default_backoff,

@@ -494,3 +494,14 @@ def retry_at(context: JobContext, n: int, delay: float = 0.2) -> int:
     if context.attempt == 1:
         raise Retry(at=store.db_now() + timedelta(seconds=delay), reason=f"quota resets (record {n})")
     return n
+
+
+@task(name="qa.child_dies_once", takes_context=True, max_attempts=3, retry_on=ConnectionError, backoff=0.05)
+def child_dies_once(context: JobContext, n: int) -> int:
+    """Take the process down on attempt 1 (``os._exit``: in process execution, only the child
+    dies), return ``n`` on attempt 2. ``retry_on`` names an error this never raises: a dead child
+    is still retried."""
+    _record(context, "child_dies")
+    if context.attempt == 1:
+        os._exit(3)
+    return n

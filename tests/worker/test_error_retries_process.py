@@ -61,3 +61,19 @@ def test_discarded_retried_and_retry_at_jobs_end_with_exact_attempts_and_runs(sp
         assert job.attempted_at >= at  # and not claimed before it
 
     assert sum(runs.values()) == n * (1 + 3 + 2)
+
+
+def test_a_dead_child_is_retried_whatever_retry_on_says(spawn):
+    # The child exits with no exception to match: retry_on=ConnectionError must not dead-letter it.
+    from qa.tasks import child_dies_once
+
+    ids = [child_dies_once.enqueue(i).id for i in range(2)]
+    spawn("runworker", "--concurrency", "2", "--execution", "process", env=ENV)
+    wait_for(lambda: Job.objects.filter(status__in=["done", "dead"]).count() == 2, timeout=60, interval=0.05,
+             what="2 jobs finished")
+    for job in Job.objects.filter(id__in=ids):
+        assert (job.status, job.attempts, job.result) == ("done", 2, ids.index(job.id))
+        (entry,) = job.errors
+        assert entry["type"].endswith("ChildProcessFailed") and "decision" not in entry
+        assert "died (exit code 3)" in entry["message"]
+    assert sorted(Execution.objects.values_list("attempt", flat=True)) == [1, 1, 2, 2]

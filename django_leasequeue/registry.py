@@ -74,6 +74,10 @@ class TaskSpec(Generic[P, R]):
         concurrency_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over
             the arguments; with ``concurrency_limit`` N at most N such jobs are leased at once.
         concurrency_limit (int | None): see ``concurrency_key``.
+        sequence_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over the
+            arguments; jobs with the same key run one at a time, in enqueue order.
+        sequence_on_dead (str): ``"halt"`` (a dead job holds its sequence until an operator
+            replays or skips it) or ``"continue"`` (the next job of the sequence may start).
     """
 
     func: Callable[..., R]
@@ -92,6 +96,8 @@ class TaskSpec(Generic[P, R]):
     run_at: datetime | timedelta | None = field(default=None, compare=False)
     unique_key: str | None = field(default=None, compare=False)
     unique_scope: str = field(default="retained", compare=False)
+    sequence_key: str | Callable[..., str] | None = None
+    sequence_on_dead: str = "halt"
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)

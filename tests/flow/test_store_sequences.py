@@ -147,6 +147,9 @@ def test_skipping_a_dead_head_lets_its_sequence_go_on_and_keeps_it_dead():
         ("dead", False, "sequence_skipped", "bob")
     assert [j.id for j in claim()] == [second.id]
     assert store.sequence_skip([head.id]) == []  # already skipped: nothing to do
+    # Replayed after the skip, the job is back under its task's policy: dead again, it halts again.
+    assert store.job_replay([head.id]).replayed == [head.id]
+    assert Job.objects.get(pk=head.id).sequence_halts is True
 
 
 def test_a_dead_job_of_a_continue_policy_lets_the_next_start():

@@ -63,6 +63,7 @@ class UsingOptions(TypedDict, total=False):
     unique_scope: str
     max_attempts: int | None
     lease: float | timedelta | None
+    sequence_key: str
 
 
 def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:

@@ -215,6 +215,7 @@ def _sequence_key(task_spec: TaskSpec[..., Any], args: Sequence[Any], kwargs: Ma
     check_name(key, f"task {task_spec.name!r}: sequence_key", 255)
     return key
 
+
 def _announce(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
     """Send the ``enqueued`` event of one written job (every insert path below calls this)."""
     signals.emit("enqueued", job_id=job_id, task=task_name, queue=queue, attempt=0, token=0, **extra)

@@ -106,7 +106,9 @@ class TaskSpec(Generic[P, R]):
         """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime
         within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
-        int or float, or a ``datetime.timedelta``, stored as seconds).
+        int or float, or a ``datetime.timedelta``, stored as seconds; ``sequence_key``, a key
+        or ``str.format`` template over the arguments that replaces the task's own, so that these
+        jobs join that sequence under the task's ``sequence_on_dead``).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -116,7 +118,8 @@ class TaskSpec(Generic[P, R]):
             EnqueueError: a bad value (the same checks and messages as
                 :func:`~django_leasequeue.enqueueing.enqueue`).
         """
-        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
+                   "sequence_key"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -124,6 +127,9 @@ class TaskSpec(Generic[P, R]):
         if "lease" in checked:
             checked["lease"] = seconds_option(checked["lease"], f"task {self.name!r}: lease", EnqueueError)
         check_using(self.name, checked)
+        if "sequence_key" in checked and (not isinstance(checked["sequence_key"], str) or not checked["sequence_key"]):
+            raise EnqueueError(f"task {self.name!r}: using(sequence_key=...) must be a non-empty str, "
+                               f"got {checked['sequence_key']!r}")
         return dataclasses.replace(self, **checked)
 
 

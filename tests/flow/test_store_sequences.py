@@ -194,6 +194,17 @@ def test_a_future_head_holds_the_jobs_behind_it():
     assert [j.id for j in later] == [head.id]
 
 
+def test_using_overrides_the_sequence_key_for_one_enqueue():
+    first = plain.using(sequence_key="batch-7").enqueue(1)
+    second = seq_halt.using(sequence_key="batch-{n}").enqueue(account="a", n=7)
+    third = seq_halt.enqueue(account="a", n=8)
+    assert [(j.sequence_key, j.sequence_halts) for j in (first, second, third)] == \
+        [("batch-7", True), ("batch-7", True), ("acct-a", True)]
+    assert sorted(j.id for j in claim()) == [first.id, third.id]  # second waits behind first
+    with pytest.raises(EnqueueError, match=r"using\(sequence_key=...\) must be a non-empty str, got 5"):
+        seq_halt.using(sequence_key=5)  # type: ignore[typeddict-item]
+
+
 def test_bad_sequence_options_are_refused_at_declaration():
     with pytest.raises(ConfigurationError, match="sequence_on_dead must be 'halt' or 'continue', got 'stop'"):
         task(name="tests.flow.bad_policy", sequence_key="k", sequence_on_dead="stop")(lambda: None)  # type: ignore[arg-type]

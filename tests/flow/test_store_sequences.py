@@ -31,7 +31,7 @@ def seq_continue(account: str, n: int) -> None:
     """The same sequence key from a callable; a dead one lets the sequence continue."""
 
 
-@task(name="tests.flow.seq_other_queue", queue="other", sequence_key="acct-{account}")
+@task(name="tests.flow.seq_other_queue", queue="emails", sequence_key="acct-{account}")
 def seq_other_queue(account: str, n: int) -> None:
     """The same key on another queue: a sequence is global, not per queue."""
 
@@ -93,8 +93,8 @@ def test_only_the_head_of_each_sequence_is_claimed_in_id_order():
 def test_a_sequence_spans_queues_and_tasks():
     first = seq_other_queue.enqueue(account="a", n=0)
     seq_halt.enqueue(account="a", n=1)
-    assert claim(50, queues=("flow",)) == []  # the head is on "other"; nothing of the key may start
-    head = claim(50, queues=("other",))
+    assert claim(50, queues=("flow",)) == []  # the head is on "emails"; nothing of the key may start
+    head = claim(50, queues=("emails",))
     assert [j.id for j in head] == [first.id]
     assert claim(50, queues=None) == []  # the '*' claim applies the same rule
     complete(head)

@@ -275,3 +275,33 @@ def test_16_threads_enqueueing_one_key_claim_in_commit_order():
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS lq_seq_commit_order")
             cur.execute("DROP SEQUENCE IF EXISTS lq_seq_commit_counter")
+
+
+def _nodes(plan: dict) -> list[dict]:
+    """Every node of a JSON plan, depth first."""
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
+
+
+def test_the_sequence_probes_read_only_the_sequence_indexes():
+    """With 2,000 keyed jobs (some leased, some dead) and fresh statistics, the claim's candidate
+    scan reads the job table only through the ready index and the two sequence indexes: no
+    sequential scan (a leased probe spelled so that no partial index fits became a Seq Scan of the
+    whole table once per claim) and no BitmapOr over the dead-letter index."""
+    enqueue_many(seq_halt, [([], {"account": str(i % 100), "n": i}) for i in range(2000)])
+    got = claim(20)
+    for job in got[:5]:
+        fail(job, retry_delay=None)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE leasequeue_job")
+        cur.execute("EXPLAIN (FORMAT JSON) " + store.JOB_CLAIM,
+                    {"now": None, "limit": 50, "worker": "w", "lease": 30.0, "claim": "c", "queues": ["flow"],
+                     "tasks": None, "all_tasks": True})
+        plan = cur.fetchone()[0][0]["Plan"]
+    picked = next(n for n in _nodes(plan) if n.get("Subplan Name") == "CTE picked")
+    nodes = _nodes(picked)
+    indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
+    assert indexes == {"leasequeue_job_ready", "leasequeue_job_seq_order", "leasequeue_job_seq_leased"}, indexes
+    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "BitmapOr")]

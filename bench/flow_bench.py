@@ -15,6 +15,10 @@ Scenarios:
   keyed, 1 key limit=batch  every job has the same key (1 probe, then cache hits)
   rated 1000000/s           a rate-limited queue (lock row + sliding log), 1 s window
   rated 1000000000/h        the same with a 1 h window (log at its ~101-entry bound)
+  sequences, 1,000 keys     every job has one of 1,000 sequence keys, enqueued round-robin (each
+                            claimed job is its key's head: 2 sequence probes per candidate)
+  sequences, key by key     the same keys, each key's jobs enqueued together (a batch of 50 heads
+                            reads past the queued jobs of 50 keys: the look-ahead worst case)
 
 Usage (from the project root; uses a scratch database it creates and migrates, named after
 LEASEQUEUE_DB_NAME with a ``_flowbench`` suffix, and deletes every job in it)::
@@ -82,9 +86,24 @@ def main() -> None:
     def keyed1(i: int) -> None:
         """No-op with a single key."""
 
+    @task(name="bench.seq1000", queue="bench", sequence_key=lambda i: f"s{i % 1000}")
+    def seq1000(i: int) -> None:
+        """No-op in one of 1,000 sequences, keys round-robin over the job numbers."""
+
+    per_key = max(args.jobs // 1000, 1)
+
+    # Keys of their own: a sequence spans queues, so sharing the keys of bench.seq1000 would make
+    # these jobs (enqueued later) wait for that scenario's.
+    @task(name="bench.seq_blocks", queue="bench", sequence_key=lambda i: f"b{i // per_key}")
+    def seq_blocks(i: int) -> None:
+        """No-op in one of 1,000 sequences, each key's jobs consecutive."""
+
     predicate = re.search(r"\n *AND \(j\.concurrency_key IS NULL.*?%\(claim\)s\)\)\)", claim_sql.JOB_CLAIM, re.S)
     assert predicate is not None
     no_predicate_sql = claim_sql.JOB_CLAIM.replace(predicate.group(0), "")
+    sequence_rule = re.search(r"\n *AND \(j\.sequence_key IS NULL.*?'leased'\)\)\)", claim_sql.JOB_CLAIM, re.S)
+    assert sequence_rule is not None
+    no_predicate_sql = no_predicate_sql.replace(sequence_rule.group(0), "")
 
     def claim_with(rates):
         def claim(queue: str, limit: int) -> list[tuple]:
@@ -110,6 +129,8 @@ def main() -> None:
         ("rate limit 1000000/s (not binding)", "b_rs", noop, claim_with({"b_rs": RateLimit(1_000_000, 1.0)})),
         ("rate limit 1000000000/h (not binding)", "b_rh", noop,
          claim_with({"b_rh": RateLimit(1_000_000_000, 3600.0)})),
+        ("sequences: 1,000 keys, round-robin", "b_seq", seq1000, claim_with({})),
+        ("sequences: 1,000 keys, key by key", "b_seqb", seq_blocks, claim_with({})),
     ]
 
     def fill() -> None:

@@ -71,6 +71,7 @@ class UsingOptions(TypedDict, total=False):
     debounce: float | timedelta | None
     debounce_max_wait: float | timedelta | None
     throttle: float | timedelta | None
+    sequence_key: str
 
 
 def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:

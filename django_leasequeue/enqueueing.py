@@ -86,7 +86,9 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
-         discard_on: ExceptionClasses | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         discard_on: ExceptionClasses | None = None,
+         sequence_key: str | Callable[..., str] | None = None,
+         sequence_on_dead: Literal["halt", "continue"] = "halt") -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 @overload
@@ -96,6 +98,8 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
          discard_on: ExceptionClasses | None = None,
+         sequence_key: str | Callable[..., str] | None = None,
+         sequence_on_dead: Literal["halt", "continue"] = "halt",
          ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
@@ -105,7 +109,9 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          timeout: float | timedelta | None = None, takes_context: bool, manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
-         discard_on: ExceptionClasses | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
+         discard_on: ExceptionClasses | None = None,
+         sequence_key: str | Callable[..., str] | None = None,
+         sequence_on_dead: Literal["halt", "continue"] = "halt") -> Callable[[Callable[..., R]], Task[..., R]]: ...
 
 
 def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
@@ -114,7 +120,10 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
          takes_context: bool = False, manual_heartbeat: bool = False,
          concurrency_key: str | Callable[..., str] | None = None,
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
-         discard_on: ExceptionClasses | None = None) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
+         discard_on: ExceptionClasses | None = None,
+         sequence_key: str | Callable[..., str] | None = None,
+         sequence_on_dead: Literal["halt", "continue"] = "halt",
+         ) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
     """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
 
     The returned :class:`Task` keeps the handler's signature for type checkers:
@@ -144,6 +153,12 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         discard_on: an exception class or a tuple of them; a failure raising one is dead-lettered
             at once ("discarded"), without spending the remaining attempts. It wins over
             ``retry_on`` when both match.
+        sequence_key: a ``str.format`` template over the arguments, or a callable taking them
+            (returning a str of at most 255 characters): jobs with the same key, of any task, run
+            one at a time, in enqueue order, across all workers. None: no sequence.
+        sequence_on_dead: what a dead job of the sequence does to the jobs behind it: ``"halt"``
+            (default: they wait until an operator replays or skips the dead job) or ``"continue"``
+            (the next one may start).
 
     Returns:
         A :class:`Task`.
@@ -160,16 +175,61 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
                            backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                            queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
         retry_classes, discard_classes = check_retry_options(task_name, retry_on, discard_on)
+        check_sequence_options(task_name, sequence_key, sequence_on_dead)
         registered: Task[..., Any] = Task(
             func=fn, name=task_name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
             lease=lease_s, timeout=timeout_s, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             retry_on=retry_classes, discard_on=discard_classes,
+            sequence_key=sequence_key, sequence_on_dead=sequence_on_dead,
         )
         register_task(registered)
         return registered
 
     return register(func) if func is not None else register
+
+
+#: The values of ``@task(sequence_on_dead=...)``.
+SEQUENCE_ON_DEAD = ("halt", "continue")
+
+
+def check_sequence_options(task_name: str, sequence_key: Any, sequence_on_dead: Any) -> None:
+    """Validate a task's sequence options at declaration.
+
+    Args:
+        task_name: the task, for the message.
+        sequence_key: None, a non-empty ``str.format`` template or a callable.
+        sequence_on_dead: ``"halt"`` or ``"continue"``.
+
+    Raises:
+        ConfigurationError: naming the task and the bad option.
+    """
+    if sequence_key is not None and not callable(sequence_key) and (
+            not isinstance(sequence_key, str) or not sequence_key):
+        raise ConfigurationError(f"task {task_name!r}: sequence_key must be a non-empty str.format template or a "
+                                 f"callable, got {sequence_key!r}")
+    if sequence_on_dead not in SEQUENCE_ON_DEAD:
+        raise ConfigurationError(f"task {task_name!r}: sequence_on_dead must be 'halt' or 'continue', "
+                                 f"got {sequence_on_dead!r}")
+
+
+def _sequence_key(task_spec: TaskSpec[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """The job's sequence key, computed from its arguments like its concurrency key, or None.
+
+    Raises:
+        EnqueueError: the template or callable failed on these arguments, or the key is empty, longer
+            than 255 characters or contains NUL.
+    """
+    template = task_spec.sequence_key
+    if template is None:
+        return None
+    try:
+        key = str(template(*args, **kwargs)) if callable(template) else template.format(*args, **kwargs)
+    except Exception as exc:
+        raise EnqueueError(f"task {task_spec.name!r}: sequence_key failed on these arguments: {exc!r}")
+    check_name(key, f"task {task_spec.name!r}: sequence_key", 255)
+    return key
+
 
 def _announce(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
     """Send the ``enqueued`` event of one written job (every insert path below calls this)."""
@@ -261,12 +321,14 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
         except Exception as exc:
             raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
         check_name(conc_key, f"task {task_spec.name!r}: concurrency_key", 255)
+    seq_key = _sequence_key(task_spec, args, kwargs)
     return NewJob(task=task_spec.name, queue=queue, priority=priority, args_json=args_json, kwargs_json=kwargs_json,
                   max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=task_spec.lease,
                   unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,
                   concurrency_limit=task_spec.concurrency_limit if conc_key is not None else None,
                   schedule_id=schedule_id, occurrence_at=occurrence_at, unique_mode=unique_mode,
-                  debounce_max_wait=max_wait_s, throttle=throttle_s)
+                  debounce_max_wait=max_wait_s, throttle=throttle_s, sequence_key=seq_key,
+                  sequence_halts=seq_key is not None and task_spec.sequence_on_dead == "halt")
 
 
 def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
@@ -436,8 +498,8 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
     if not pairs:
         return 0
     report = signals.enabled("enqueued")
-    if task_spec.concurrency_key is not None:
-        # Per-job concurrency keys: the general path, one NewJob per job.
+    if task_spec.concurrency_key is not None or task_spec.sequence_key is not None:
+        # Per-job concurrency or sequence keys: the general path, one NewJob per job.
         jobs = [build_job(task_spec, a, kw, **options) for a, kw in pairs]
         return sum(len(insert_jobs(jobs[start:start + 10_000])) for start in range(0, len(jobs), 10_000))
     # Same task and options for every job: validate the options once, each job's arguments one by

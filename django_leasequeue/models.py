@@ -105,6 +105,13 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="first claim")
     attempted_at = models.DateTimeField(null=True, blank=True, help_text="latest claim")
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Sequences: jobs of one sequence_key run one at a time in id (enqueue) order. sequence_halts is
+    # the task's sequence_on_dead policy ("halt": True) copied into the row, so the claim can read
+    # it; a dead job with it set holds its sequence until an operator replays or skips it.
+    sequence_key = models.CharField(max_length=255, null=True, blank=True,
+                                    help_text="jobs with the same key run one at a time, in enqueue order")
+    sequence_halts = models.BooleanField(default=False, db_default=False,
+                                         help_text="when dead, hold the sequence until replayed or skipped")
 
     class Meta:
         db_table = "leasequeue_job"
@@ -130,6 +137,12 @@ class Job(models.Model):
             models.Index(
                 fields=["concurrency_key"], name="leasequeue_job_conc_leased",
                 condition=Q(status="leased", concurrency_key__isnull=False),
+            ),
+            # The sequence check of the claim: "is an earlier job of this sequence still pending or
+            # halting?" is a range probe on (sequence_key, id) below the candidate's id.
+            models.Index(
+                fields=["sequence_key", "id"], name="leasequeue_job_seq_order",
+                condition=Q(sequence_key__isnull=False, status__in=["ready", "leased", "dead"]),
             ),
         ]
         constraints = [
@@ -165,6 +178,16 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = "dead letter"
         verbose_name_plural = "dead letters"
+
+
+class HaltedSequence(Job):
+    """Proxy of :class:`Job` restricted to the dead jobs that halt their sequence (``sequence_key``
+    set, ``sequence_halts`` true), for the admin's "Halted sequences" page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "halted sequence"
+        verbose_name_plural = "halted sequences"
 
 
 # The scheduler's bookkeeping of a schedule: written by the scheduler's own statements (and by

@@ -80,6 +80,10 @@ class TaskSpec(Generic[P, R]):
             None: every failure is retried until ``max_attempts``.
         discard_on: an exception class or a tuple of them: a failure raising one is dead-lettered
             at once (``discarded``), even when it matches ``retry_on`` too.
+        sequence_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over the
+            arguments; jobs with the same key run one at a time, in enqueue order.
+        sequence_on_dead (str): ``"halt"`` (a dead job holds its sequence until an operator
+            replays or skips it) or ``"continue"`` (the next job of the sequence may start).
     """
 
     func: Callable[..., R]
@@ -105,6 +109,8 @@ class TaskSpec(Generic[P, R]):
     debounce: float | None = field(default=None, compare=False)
     debounce_max_wait: float | None = field(default=None, compare=False)
     throttle: float | None = field(default=None, compare=False)
+    sequence_key: str | Callable[..., str] | None = None
+    sequence_on_dead: str = "halt"
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)
@@ -114,7 +120,9 @@ class TaskSpec(Generic[P, R]):
         within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
         int or float, or a ``datetime.timedelta``, stored as seconds; ``unique_mode`` with
-        ``debounce``, ``debounce_max_wait`` and ``throttle`` in seconds, stored as seconds).
+        ``debounce``, ``debounce_max_wait`` and ``throttle`` in seconds, stored as seconds;
+        ``sequence_key``, a key or ``str.format`` template over the arguments that replaces the
+        task's own, so that these jobs join that sequence under the task's ``sequence_on_dead``).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -125,7 +133,8 @@ class TaskSpec(Generic[P, R]):
                 :func:`~django_leasequeue.enqueueing.enqueue`).
         """
         allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
-                   "unique_mode", "debounce", "debounce_max_wait", "throttle"}
+                   "unique_mode", "debounce", "debounce_max_wait", "throttle",
+                   "sequence_key"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -133,6 +142,9 @@ class TaskSpec(Generic[P, R]):
         if "lease" in checked:
             checked["lease"] = seconds_option(checked["lease"], f"task {self.name!r}: lease", EnqueueError)
         check_using(self.name, checked)
+        if "sequence_key" in checked and (not isinstance(checked["sequence_key"], str) or not checked["sequence_key"]):
+            raise EnqueueError(f"task {self.name!r}: using(sequence_key=...) must be a non-empty str, "
+                               f"got {checked['sequence_key']!r}")
         return dataclasses.replace(self, **checked)
 
 

@@ -10,6 +10,9 @@ Pages (all under the app "Lease queue"):
 * **Dead letters** (:class:`DeadLetterAdmin`, the ``DeadLetter`` proxy): only ``dead`` jobs,
   newest death first, with counts grouped by task and error type at the top and a Replay button per
   row.
+* **Halted sequences** (:class:`HaltedSequenceAdmin`, the ``HaltedSequence`` proxy): dead jobs that
+  hold their sequence, with the sequence key and the count of jobs waiting behind, and the actions
+  Replay and Skip (the job stays dead; its sequence goes on).
 * **Schedules** (:class:`ScheduleAdmin`): cron in words (cron-descriptor), the next five occurrences
   in the schedule's zone, enable/disable, "run now", validation on the form.
 * **Queue dashboard** (:class:`DashboardAdmin`, ``admin/django_leasequeue/dashboard/``): per queue
@@ -50,10 +53,12 @@ from .listing import (
     known_queues,
 )
 from .schedules import ScheduleAdmin, ScheduleForm, describe_cron, run_schedule_now
+from .sequences import HaltedSequenceAdmin, skip_sequences
 
 __all__ = [
     "APP", "BULK_CHUNK", "EXACT_COUNT_LIMIT", "HEAVY_FIELDS", "JSON_DISPLAY_LIMIT", "STATUS_COLOURS",
     "DashboardAdmin", "DeadLetterAdmin", "EstimatedCountPaginator", "HasErrorsFilter", "JobAdmin", "JobChangeList",
     "QueueFilter", "ReplayForm", "ScheduleAdmin", "ScheduleForm", "TaskFilter", "cancel_jobs", "describe_cron",
     "duration", "known_queues", "replay_jobs", "retry_now_jobs", "run_schedule_now",
+    "HaltedSequenceAdmin", "skip_sequences",
 ]

@@ -22,6 +22,8 @@ Where to look, and where a new statement goes:
 ``operator``        the admin's bulk operations: request cancel, replay, retry now
 ``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
 ``read``            monitoring's read-only queries (health snapshot, lease report, one job)
+``sequences``       the enqueue lock of a sequence key, skipping a dead job that halts its
+                    sequence, the list of halted sequences
 ``testing``         statements only the testing helpers use (claim ids, expire a lease, make
                     due, the session clock offset)
 ==================  ===========================================================================
@@ -202,6 +204,16 @@ from .schedule import (
     schedule_record_paused,
     schedule_sync_settings,
 )
+from .sequences import (
+    SEQUENCE_HALTED,
+    SEQUENCE_LOCK,
+    SEQUENCE_LOCK_NAMESPACE,
+    SEQUENCE_SKIP,
+    HaltedSequenceInfo,
+    sequence_halted,
+    sequence_locked,
+    sequence_skip,
+)
 from .testing import (
     CLOCK_OFFSET_GET,
     CLOCK_OFFSET_SET,
@@ -242,6 +254,8 @@ __all__ = [
     "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
     "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
     "JOB_INSERT_REPLACING", "job_insert_replacing",
+    "SEQUENCE_HALTED", "SEQUENCE_LOCK", "SEQUENCE_LOCK_NAMESPACE", "SEQUENCE_SKIP", "HaltedSequenceInfo",
+    "sequence_halted", "sequence_locked", "sequence_skip",
 ]
 __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
             "schedule_record_paused"]

@@ -12,6 +12,11 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
   knows the task runs it. With client-side binding both are constants of the statement: for every
   task the planner folds the test away, and a list of 9 or more names is hashed. The flag is a
   parameter of its own so that the list is quoted (and sent) once per claim, not twice;
+* the sequence rule (docs/howto/flow-control.md, "Sequences"): a job with a ``sequence_key`` is a
+  candidate only while no earlier job of its key is ready, leased or dead with ``sequence_halts``,
+  and no job of its key is leased. Two index probes (``leasequeue_job_seq_order``,
+  ``leasequeue_job_seq_leased``, migration 0008), only for rows with a key. It comes before the
+  concurrency admission: a row that may not run must not take a key's slot;
 * the per-key concurrency admission (docs/howto/flow-control.md), last: a row of another task must not
   take a key's slot. A candidate with a concurrency key is admitted only if fewer than its
   concurrency_limit jobs of that key are leased, counting the ones this statement already admitted.
@@ -95,6 +100,11 @@ picked AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
+          AND (j.sequence_key IS NULL
+               OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
+                               AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
+                   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
+                                   AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
           AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.conc_closed', true),
@@ -137,6 +147,11 @@ picked AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
+      AND (j.sequence_key IS NULL
+           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
+                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
+               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
+                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
       AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.conc_closed', true),

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from ..models import Job
 from ._db import _JOB_ATTNAMES, _JOB_COLUMNS, CLOCK, JOB_TABLE, _jobs_from_rows, _load, _run, _schema_required, db_alias
+from .sequences import sequence_locked
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class NewJob:
     unique_mode: str = "keep"
     debounce_max_wait: float | None = None
     throttle: float | None = None
+    sequence_key: str | None = None
+    sequence_halts: bool = False
 
 
 _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
@@ -47,7 +50,8 @@ _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
 # The columns every enqueue path writes, in the order of their SELECT lists below.
 _INSERT_COLUMNS = ("task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, "
                    "leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit, "
-                   "cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at")
+                   "cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at, "
+                   "sequence_key, sequence_halts")
 
 # Insert many jobs in one statement (unnest of parallel arrays), skipping unique-key conflicts.
 # ``ON CONFLICT DO NOTHING`` (no target) covers both partial unique indexes and never raises, so
@@ -66,15 +70,16 @@ ins AS (
            coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts,
            t.lease_seconds, '', 0, t.unique_key, t.unique_scope, t.concurrency_key,
            t.concurrency_limit, false, 0, t.schedule_id, t.occurrence_at, '[]'::jsonb, '[]'::jsonb,
-           clock.now
+           clock.now, t.sequence_key, t.sequence_halts
     FROM clock, unnest(
         %(task)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(args)s::text[],
         %(kwargs)s::text[], %(run_at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
         %(lease_seconds)s::float8[], %(unique_key)s::text[], %(unique_scope)s::text[],
         %(concurrency_key)s::text[], %(concurrency_limit)s::int[], %(schedule_id)s::bigint[],
-        %(occurrence_at)s::timestamptz[]
+        %(occurrence_at)s::timestamptz[], %(sequence_key)s::text[], %(sequence_halts)s::bool[]
     ) AS t(task, queue, priority, args, kwargs, run_at, delay, max_attempts, lease_seconds,
-           unique_key, unique_scope, concurrency_key, concurrency_limit, schedule_id, occurrence_at)
+           unique_key, unique_scope, concurrency_key, concurrency_limit, schedule_id, occurrence_at,
+           sequence_key, sequence_halts)
     ON CONFLICT DO NOTHING
     RETURNING *
 ),
@@ -116,8 +121,10 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
         "concurrency_limit": [j.concurrency_limit for j in jobs],
         "schedule_id": [j.schedule_id for j in jobs],
         "occurrence_at": [j.occurrence_at for j in jobs],
+        "sequence_key": [j.sequence_key for j in jobs],
+        "sequence_halts": [j.sequence_halts for j in jobs],
     }
-    with _schema_required(alias):
+    with _schema_required(alias), sequence_locked([j.sequence_key for j in jobs], alias=alias):
         rows = _run(JOB_INSERT, params, alias=alias).rows
     return _jobs_from_rows(rows, alias)
 
@@ -135,7 +142,8 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
        %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
-       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now
+       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
+       %(sequence_halts)s::bool
 FROM ({CLOCK}) AS clock
 {{on_conflict}}
 RETURNING id, run_at, created_at,
@@ -148,7 +156,8 @@ _ON_CONFLICT = "ON CONFLICT DO NOTHING"
 _INSERT_ONE = {unique: JOB_INSERT_ONE.format(on_conflict=_ON_CONFLICT if unique else "") for unique in (False, True)}
 
 _ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "lease_seconds", "unique_key",
-               "unique_scope", "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at")
+               "unique_scope", "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key",
+               "sequence_halts")
 
 
 def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
@@ -160,7 +169,7 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
                   delay=float(job.delay))
     sql = _INSERT_ONE[job.unique_key is not None]
-    with _schema_required(alias):
+    with _schema_required(alias), sequence_locked([job.sequence_key], alias=alias):
         row = _run(sql, params, alias=alias).one()
     if row is None:
         return None
@@ -171,7 +180,7 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
         "leased_by": "", "lease_version": 0, "unique_key": job.unique_key, "unique_scope": job.unique_scope,
         "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
         "cancel_requested": False, "snoozes": 0, "schedule_id": job.schedule_id, "occurrence_at": job.occurrence_at,
-        "interruptions": 0,
+        "interruptions": 0, "sequence_key": job.sequence_key, "sequence_halts": job.sequence_halts,
         "errors": [], "history": [], "result": None, "created_at": row[2], "started_at": None,
         "attempted_at": None, "finished_at": None,
     }
@@ -191,7 +200,7 @@ ins AS (
     SELECT %(task)s, %(queue)s, %(priority)s, 'ready', a.value, coalesce(k.value, '{{{{}}}}'::jsonb),
            coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
            %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
-           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now
+           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now, NULL, false
     FROM clock,
          jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
          LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
@@ -219,7 +228,7 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
 
     Args:
         template: the shared task, queue, priority, run_at/delay, max_attempts, lease and unique
-            key (its own args are ignored; no concurrency key: those differ per job).
+            key (its own args are ignored; no concurrency or sequence key: those differ per job).
         args_json: a JSON array with one array of positional arguments per job.
         kwargs_json: a JSON array of keyword-argument objects, parallel to ``args_json``, or None
             when no job has keyword arguments.
@@ -229,7 +238,7 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
         ``(number inserted, ids or [])``; jobs whose unique key is taken are skipped.
     """
     params = {name: getattr(template, name) for name in _ONE_FIELDS if name not in (
-        "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at")}
+        "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key", "sequence_halts")}
     params.update(now=now, notify=notify, channel=channel, args=args_json, kwargs=kwargs_json,
                   delay=float(template.delay), want_ids=want_ids)
     sql = _INSERT_MANY[template.unique_key is not None]
@@ -264,7 +273,8 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
        %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
-       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now
+       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
+       %(sequence_halts)s::bool
 FROM ({CLOCK}) AS clock
 ON CONFLICT (unique_key) WHERE {{arbiter}}
 DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, priority = EXCLUDED.priority,
@@ -303,7 +313,8 @@ def job_insert_replacing(job: NewJob, *, notify: bool, channel: str, now: dateti
     params = {name: getattr(job, name) for name in _ONE_FIELDS}
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
                   delay=float(job.delay), max_wait=job.debounce_max_wait)
-    with _schema_required(alias):
+    # An updated holder keeps its sequence key and so its place (its id) in its sequence.
+    with _schema_required(alias), sequence_locked([job.sequence_key], alias=alias):
         row = _run(_INSERT_REPLACING[job.unique_scope], params, alias=alias).one()
     if row is None:
         return None

@@ -130,6 +130,9 @@ replayed AS (
     SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
         interruptions = 0, result = NULL,
+        -- Only a job of a halting sequence can have been skipped: replayed, it halts again if it dies.
+        sequence_halts = j.sequence_halts OR (j.sequence_key IS NOT NULL
+                                              AND j.history @> '[{{"event": "sequence_skipped"}}]'::jsonb),
         args = coalesce(%(args)s::jsonb, j.args),
         kwargs = coalesce(%(kwargs)s::jsonb, j.kwargs),
         history = j.history

@@ -23,6 +23,11 @@ picked AS MATERIALIZED (
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'ready' AND j.run_at <= clock.now
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND j.lease_version < {TOKEN_MAX - 1}
+      AND (j.sequence_key IS NULL
+           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
+                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
+               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
+                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
       AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.conc_closed', true),

@@ -100,3 +100,32 @@ def pause_probe(context: JobContext, seconds: float = 0.01) -> None:
     started = datetime.fromtimestamp(time.time(), UTC)
     Probe.objects.create(key="pause", event="started", job_id=context.job_id, attempt=context.attempt, at=started)
     time.sleep(seconds)
+
+
+@task(name="flowlab.seq_step", queue="flow", takes_context=True, sequence_key="acct-{account}", max_attempts=1)
+def seq_step(context: JobContext, account: str, n: int, seconds: float = 0.02, fail_once: bool = False) -> int:
+    """One step of an account's sequence: records ``start`` and ``end`` (database clock). With
+    ``fail_once`` the first run of the job fails (``failed``) and a later run, after a replay, succeeds.
+    A dead step halts the account's sequence (the default ``sequence_on_dead``)."""
+    key = f"acct-{account}"
+    probe(context, key, "start")
+    time.sleep(seconds)
+    if fail_once and not Probe.objects.filter(job_id=context.job_id, event="failed").exists():
+        probe(context, key, "failed")
+        raise RuntimeError(f"step {n} of {key} fails once")
+    probe(context, key, "end")
+    return n
+
+
+@task(name="flowlab.seq_step_loose", queue="flow", takes_context=True, sequence_key="acct-{account}",
+      sequence_on_dead="continue", max_attempts=1)
+def seq_step_loose(context: JobContext, account: str, n: int, seconds: float = 0.02, fail: bool = False) -> int:
+    """Like :func:`seq_step`, but a dead one lets its sequence continue; ``fail`` always fails."""
+    key = f"acct-{account}"
+    probe(context, key, "start")
+    time.sleep(seconds)
+    if fail:
+        probe(context, key, "failed")
+        raise RuntimeError(f"step {n} of {key} fails")
+    probe(context, key, "end")
+    return n

@@ -88,10 +88,11 @@ def _squash(sql: str) -> str:
                          ids=["any-queue", "rated", "any-queue-rated", "ids"])
 def test_the_claim_variants_spell_the_shared_rules_alike(sql):
     """Each variant is written out in full; the rules they share must stay word for word the same as
-    in the plain claim: the task filter, the token room and concurrency admission, the lease SET and
+    in the plain claim: the task filter, the token room, the sequence rule and concurrency admission, the lease SET and
     the returned columns (the testing helpers' claim of chosen ids has no task filter)."""
     plain = _squash(claim.JOB_CLAIM)
-    admission = re.search(r"AND j\.lease_version < \d+ AND \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)", plain)
+    admission = re.search(r"AND j\.lease_version < \d+ AND \(j\.sequence_key IS NULL .*? "
+                          r"AND \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)", plain)
     lease_set = re.search(r"SET status = 'leased', .*? attempted_at = clock\.now", plain)
     returning = re.search(r"RETURNING (j\.id, .*? AS run_at_us)", plain)
     assert admission and lease_set and returning

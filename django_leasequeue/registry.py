@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Self, TypeVar, Unpack
 
 from .arguments import JobOptions, UsingOptions, check_using, seconds_option
-from .conf import get_settings
+from .conf import RateLimit, get_settings
 from .exceptions import ConfigurationError, EnqueueError, UnknownTask
 from .retry import BackoffLike
 
@@ -74,6 +74,12 @@ class TaskSpec(Generic[P, R]):
         concurrency_key: a callable ``(*args, **kwargs) -> str`` or a ``str.format`` template over
             the arguments; with ``concurrency_limit`` N at most N such jobs are leased at once.
         concurrency_limit (int | None): see ``concurrency_key``.
+        rate_key: a callable or a ``str.format`` template over the arguments, as
+            ``concurrency_key``; with ``rate_limit`` at most ``rate_limit.limit`` jobs of one key
+            are claimed in any window of ``rate_limit.per`` seconds, across all workers.
+        rate_limit (RateLimit | None): see ``rate_key``.
+        fair_key: a callable or a ``str.format`` template over the arguments; in a fair queue the
+            claim serves the keys round-robin. None: the job's concurrency key, if any.
     """
 
     func: Callable[..., R]
@@ -88,6 +94,9 @@ class TaskSpec(Generic[P, R]):
     manual_heartbeat: bool = False
     concurrency_key: str | Callable[..., str] | None = None
     concurrency_limit: int | None = None
+    rate_key: str | Callable[..., str] | None = None
+    rate_limit: RateLimit | None = None
+    fair_key: str | Callable[..., str] | None = None
     # Options for the next enqueue, set through using().
     run_at: datetime | timedelta | None = field(default=None, compare=False)
     unique_key: str | None = field(default=None, compare=False)

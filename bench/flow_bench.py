@@ -1,4 +1,4 @@
-"""Claim throughput with flow control: plain claim vs keyed limits vs a rate-limited queue.
+"""Claim throughput with flow control: plain claim vs keyed limits, rate limits, fair claiming.
 
 Drains N no-op jobs per scenario through ``store.job_claim`` + ``store.job_complete`` in batches,
 in one process with one connection (no handler threads, no worker loop), so the figure is the cost
@@ -15,6 +15,10 @@ Scenarios:
   keyed, 1 key limit=batch  every job has the same key (1 probe, then cache hits)
   rated 1000000/s           a rate-limited queue (lock row + sliding log), 1 s window
   rated 1000000000/h        the same with a 1 h window (log at its ~101-entry bound)
+  rate per key, 1000 keys   every job has a rate key (rate_key/rate_limit 100000/s, not binding):
+                            one leasequeue_rate_admit() call (lock, log read, log write) per job
+  fair, 1000 keys           a fair queue (QUEUES[...]["fair"]): round-robin over 1000 fair keys
+                            (one skip-scan probe and one per-key probe per job)
 
 Usage (from the project root; uses a scratch database it creates and migrates, named after
 LEASEQUEUE_DB_NAME with a ``_flowbench`` suffix, and deletes every job in it)::
@@ -82,13 +86,24 @@ def main() -> None:
     def keyed1(i: int) -> None:
         """No-op with a single key."""
 
-    predicate = re.search(r"\n *AND \(j\.concurrency_key IS NULL.*?%\(claim\)s\)\)\)", claim_sql.JOB_CLAIM, re.S)
-    assert predicate is not None
-    no_predicate_sql = claim_sql.JOB_CLAIM.replace(predicate.group(0), "")
+    @task(name="bench.rate_key1000", queue="bench", rate_key=lambda i: f"r{i % 1000}", rate_limit="100000/s")
+    def rate_key1000(i: int) -> None:
+        """No-op with one of 1000 rate keys."""
 
-    def claim_with(rates):
+    @task(name="bench.fair1000", queue="bench", fair_key=lambda i: f"t{i % 1000:04d}")
+    def fair1000(i: int) -> None:
+        """No-op with one of 1000 fair keys."""
+
+    no_predicate_sql = claim_sql.JOB_CLAIM
+    for column in ("concurrency_key", "rate_key"):
+        predicate = re.search(rf"\n *AND \(j\.{column} IS NULL.*?%\(claim\)s\)\)\)", no_predicate_sql, re.S)
+        assert predicate is not None
+        no_predicate_sql = no_predicate_sql.replace(predicate.group(0), "")
+
+    def claim_with(rates, fair=()):
         def claim(queue: str, limit: int) -> list[tuple]:
-            jobs = store.job_claim(queues=[queue], limit=limit, worker_id="bench", lease=30, rate_limits=rates)
+            jobs = store.job_claim(queues=[queue], limit=limit, worker_id="bench", lease=30, rate_limits=rates,
+                                   fair_queues=fair)
             return [(j.id, j.lease_version) for j in jobs]
         return claim
 
@@ -110,11 +125,14 @@ def main() -> None:
         ("rate limit 1000000/s (not binding)", "b_rs", noop, claim_with({"b_rs": RateLimit(1_000_000, 1.0)})),
         ("rate limit 1000000000/h (not binding)", "b_rh", noop,
          claim_with({"b_rh": RateLimit(1_000_000_000, 3600.0)})),
+        ("rate per key: 1000 keys, 100000/s each", "b_rk", rate_key1000, claim_with({})),
+        ("fair: 1000 keys", "b_fair", fair1000, claim_with({}, fair=("b_fair",))),
+        # Further per-key policies add their row here: (label, queue, task, claim_with(...)).
     ]
 
     def fill() -> None:
         with connection.cursor() as cur:
-            cur.execute("TRUNCATE leasequeue_job, leasequeue_queue")
+            cur.execute("TRUNCATE leasequeue_job, leasequeue_queue, leasequeue_rate_key")
         for _, queue, spec, _ in scenarios:
             for start in range(0, args.jobs, 5000):
                 store.job_insert([build_job(spec, [i], queue=queue)
@@ -158,7 +176,7 @@ def main() -> None:
         print(f"  rep {rep + 1}: " + ", ".join(f"{label.split(' (')[0]} {v:,.0f}" for label, v in result.items()),
               file=sys.stderr)
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE leasequeue_job, leasequeue_queue")
+        cur.execute("TRUNCATE leasequeue_job, leasequeue_queue, leasequeue_rate_key")
 
     print(f"\nflow_bench: {args.jobs} no-op jobs per scenario, batches of {args.batch}, claim + complete on one "
           f"connection, scenarios interleaved batch by batch, {args.reps} reps (PostgreSQL "

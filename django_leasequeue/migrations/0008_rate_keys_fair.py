@@ -38,7 +38,6 @@ DECLARE
     closed text := current_setting('leasequeue.rate_closed', true);
     now_s numeric := extract(epoch FROM p_now);
     secs numeric := p_secs::numeric;
-    entries jsonb;
     used integer;
 BEGIN
     IF closed IS NULL OR split_part(closed, ';', 1) IS DISTINCT FROM p_claim THEN
@@ -54,30 +53,40 @@ BEGIN
             current_setting('leasequeue.rate_closed', true) || hashtext(p_key)::text || ';', true);
         RETURN false;
     END IF;
-    SELECT r.log INTO entries FROM leasequeue_rate_key r WHERE r.key = p_key;
-    SELECT coalesce(sum((e->>1)::int), 0) INTO used
-    FROM jsonb_array_elements(coalesce(entries, '[]'::jsonb)) AS e
-    WHERE (e->>0)::numeric >= now_s - secs;
-    IF used >= p_n THEN
-        PERFORM set_config('leasequeue.rate_closed',
-            current_setting('leasequeue.rate_closed', true) || hashtext(p_key)::text || ';', true);
-        RETURN false;
+    -- One statement in the common case: count the window and, when it has room, log this
+    -- admission (entries merged per 1/100 of the window under their latest time).
+    UPDATE leasequeue_rate_key r
+    SET log = (
+            SELECT coalesce(jsonb_agg(jsonb_build_array(b.t, b.c) ORDER BY b.t), '[]'::jsonb)
+            FROM (
+                SELECT max(x.t) AS t, sum(x.c)::int AS c
+                FROM (
+                    SELECT (e->>0)::numeric AS t, (e->>1)::int AS c FROM jsonb_array_elements(r.log) AS e
+                    WHERE (e->>0)::numeric >= now_s - secs
+                    UNION ALL
+                    SELECT now_s, 1
+                ) AS x
+                GROUP BY floor(x.t / (secs / 100))
+            ) AS b),
+        expires_at = greatest(r.expires_at, p_now + make_interval(secs => p_secs))
+    FROM (SELECT r0.key, (SELECT coalesce(sum((e->>1)::int), 0) FROM jsonb_array_elements(r0.log) AS e
+                          WHERE (e->>0)::numeric >= now_s - secs)::int AS n
+          FROM leasequeue_rate_key r0 WHERE r0.key = p_key) AS w
+    WHERE r.key = p_key AND w.key = r.key AND w.n < p_n
+    RETURNING w.n INTO used;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM leasequeue_rate_key r WHERE r.key = p_key) THEN
+            -- The row is there and its window is full.
+            PERFORM set_config('leasequeue.rate_closed',
+                current_setting('leasequeue.rate_closed', true) || hashtext(p_key)::text || ';', true);
+            RETURN false;
+        END IF;
+        -- First admission of the key (or its row was pruned); the advisory lock makes this the
+        -- only inserter.
+        INSERT INTO leasequeue_rate_key (key, log, expires_at)
+        VALUES (p_key, jsonb_build_array(jsonb_build_array(now_s, 1)), p_now + make_interval(secs => p_secs));
+        used := 0;
     END IF;
-    SELECT coalesce(jsonb_agg(jsonb_build_array(b.t, b.c) ORDER BY b.t), '[]'::jsonb) INTO entries
-    FROM (
-        SELECT max(x.t) AS t, sum(x.c)::int AS c
-        FROM (
-            SELECT (e->>0)::numeric AS t, (e->>1)::int AS c
-            FROM jsonb_array_elements(coalesce(entries, '[]'::jsonb)) AS e
-            WHERE (e->>0)::numeric >= now_s - secs
-            UNION ALL
-            SELECT now_s, 1
-        ) AS x
-        GROUP BY floor(x.t / (secs / 100))
-    ) AS b;
-    INSERT INTO leasequeue_rate_key AS r (key, log, expires_at)
-    VALUES (p_key, entries, p_now + make_interval(secs => p_secs))
-    ON CONFLICT (key) DO UPDATE SET log = EXCLUDED.log, expires_at = greatest(r.expires_at, EXCLUDED.expires_at);
     IF used + 1 >= p_n THEN
         PERFORM set_config('leasequeue.rate_closed',
             current_setting('leasequeue.rate_closed', true) || hashtext(p_key)::text || ';', true);

@@ -63,6 +63,9 @@ class UsingOptions(TypedDict, total=False):
     unique_scope: str
     max_attempts: int | None
     lease: float | timedelta | None
+    rate_key: str | None
+    rate_limit: str | None
+    fair_key: str | None
 
 
 def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:
@@ -437,6 +440,9 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
     check_unique_scope(options.get("unique_scope", "retained"))
     if options.get("unique_key") is not None:
         check_name(options["unique_key"], "unique_key", 255)
+    for option in ("rate_key", "fair_key"):
+        if options.get(option) is not None:
+            check_name(options[option], f"task {task_name!r}: {option}", 255)
     run_at_delay(options.get("run_at"))
 
 

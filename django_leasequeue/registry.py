@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Self, TypeVar, Unpack
 
 from .arguments import JobOptions, UsingOptions, check_using, seconds_option
-from .conf import RateLimit, get_settings
+from .conf import RateLimit, get_settings, parse_rate
 from .exceptions import ConfigurationError, EnqueueError, UnknownTask
 from .retry import BackoffLike
 
@@ -109,7 +109,9 @@ class TaskSpec(Generic[P, R]):
         """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime
         within 0001-01-02 .. 9999-12-30 UTC or a timedelta of at most 100 years; ``queue``,
         ``priority``, ``unique_key``, ``unique_scope``, ``max_attempts``, ``lease`` in seconds as an
-        int or float, or a ``datetime.timedelta``, stored as seconds).
+        int or float, or a ``datetime.timedelta``, stored as seconds; ``rate_key`` and ``fair_key``
+        as a literal key (a str, used as is, not as a template) or None for none; ``rate_limit`` as
+        ``"N/s|m|h"`` or None).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -119,7 +121,8 @@ class TaskSpec(Generic[P, R]):
             EnqueueError: a bad value (the same checks and messages as
                 :func:`~django_leasequeue.enqueueing.enqueue`).
         """
-        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease"}
+        allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
+                   "rate_key", "rate_limit", "fair_key"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -127,7 +130,24 @@ class TaskSpec(Generic[P, R]):
         if "lease" in checked:
             checked["lease"] = seconds_option(checked["lease"], f"task {self.name!r}: lease", EnqueueError)
         check_using(self.name, checked)
-        return dataclasses.replace(self, **checked)
+        for option in ("rate_key", "fair_key"):
+            if checked.get(option) is not None:
+                checked[option] = _literal_key(checked[option])
+        if "rate_limit" in checked and checked["rate_limit"] is not None:
+            try:
+                checked["rate_limit"] = parse_rate(checked["rate_limit"], f"task {self.name!r}: rate_limit")
+            except ConfigurationError as exc:
+                raise EnqueueError(str(exc)) from None
+        copy = dataclasses.replace(self, **checked)
+        if (copy.rate_key is None) != (copy.rate_limit is None):
+            raise EnqueueError(f"task {self.name!r}: rate_key and rate_limit go together")
+        return copy
+
+
+def _literal_key(key: str) -> Callable[..., str]:
+    """A key option that yields ``key`` itself whatever the arguments (``using(rate_key="acme")``:
+    braces in it are not a template)."""
+    return lambda *args, **kwargs: key
 
 
 

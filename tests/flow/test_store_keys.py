@@ -181,3 +181,17 @@ def test_the_reapers_prune_beat_prunes_rate_key_rows():
     assert len(claim(10, t0)) == 1
     reaper.prune_processes(get_settings(), now=t0 + timedelta(seconds=2))
     assert RateKeyState.objects.count() == 0
+
+
+def test_using_overrides_the_keys_and_the_limit_for_one_enqueue():
+    job = keyed_rate.using(rate_key="vip-{x}", rate_limit="100/m", fair_key="tenant-1").enqueue("a", 1)
+    row = Job.objects.get(pk=job.pk)
+    assert (row.rate_key, row.rate_limit_n, row.rate_limit_secs, row.fair_key) == ("vip-{x}", 100, 60.0, "tenant-1")
+    plain = keyed_rate.using(rate_key=None, rate_limit=None).enqueue("a", 2)
+    assert Job.objects.filter(pk=plain.pk).values_list("rate_key", "rate_limit_n").get() == (None, None)
+    with pytest.raises(EnqueueError, match="rate_key and rate_limit go together"):
+        rated_noop.using(rate_key="k")
+    with pytest.raises(EnqueueError, match=r"rate_limit must be a string 'N/s'"):
+        keyed_rate.using(rate_limit="5/d")
+    with pytest.raises(EnqueueError, match="fair_key must be a non-empty str"):
+        keyed_rate.using(fair_key="")

@@ -24,6 +24,11 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
   listed in the setting ``leasequeue.conc_closed`` (prefixed by the claim id), and their rows are
   rejected by the inline ``strpos()`` before any function call: the look-ahead past a full key's
   backlog costs about as much as reading the rows, not a plpgsql call per row.
+* the per-key rate admission (after the concurrency admission): a candidate with a rate key calls
+  ``leasequeue_rate_admit()`` (migration 0008), which serialises the claimers of the key the same
+  way and logs the admission in the key's sliding log (``leasequeue_rate_key``); used-up keys are
+  listed in ``leasequeue.rate_closed`` and rejected inline by ``strpos()``. An admission whose row
+  is then skipped (SKIP LOCKED, the outer LIMIT) stays counted: fewer jobs, never more.
 
 An over-limit or unknown-task row is never locked and never counts against the batch:
 the scan keeps looking behind it.
@@ -205,10 +210,11 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     """Lease up to ``limit`` due ready jobs.
 
     Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
-    paused, the job's concurrency key below its limit (across all workers), and the queue's rate
-    limit. Without rate-limited queues this is one statement (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``);
-    with them, one short transaction of two statements (``flow.RATE_LOCK``, then ``flow.JOB_CLAIM_RATED``
-    or ``flow.JOB_CLAIM_ANY_QUEUE_RATED``).
+    paused, the job's concurrency key below its limit (across all workers), its rate key's
+    allowance, and the queue's rate limit. Fair queues (``fair_queues``) are claimed round-robin
+    across fair keys (``keys.JOB_CLAIM_FAIR``). Without rate-limited queues this is one statement
+    (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``); with them, one short transaction of two statements
+    (``flow.RATE_LOCK``, then ``flow.JOB_CLAIM_RATED`` or ``flow.JOB_CLAIM_ANY_QUEUE_RATED``).
 
     Args:
         queues: queue names to claim from, or None for every queue.

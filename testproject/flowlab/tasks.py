@@ -88,15 +88,15 @@ def sleeper(customer: str, seq: int, seconds: float = 0.1) -> int:
     return seq
 
 
-@task(name="flowlab.keyed_rate", queue="keyed", rate_key="customer-{0}", rate_limit="5/s")
+@task(name="flowlab.keyed_rate", queue="flow", rate_key="customer-{0}", rate_limit="5/s")
 def keyed_rate(customer: str, seq: int) -> int:
     """At most 5 jobs of one customer are claimed per second, across all workers."""
     return seq
 
 
-@task(name="flowlab.tenant_job", queue="fair", fair_key="{0}")
+@task(name="flowlab.tenant_job", queue="flow", fair_key="{0}")
 def tenant_job(tenant: str, seq: int, seconds: float = 0.0) -> int:
-    """Work for one tenant on the ``fair`` queue (configure ``QUEUES['fair']['fair'] = True``)."""
+    """Work for one tenant (make its queue fair with ``QUEUES["flow"]["fair"] = True``)."""
     if seconds:
         time.sleep(seconds)
     return seq

@@ -53,7 +53,7 @@ def test_a_small_tenant_starts_within_a_second_behind_a_100000_job_backlog_only_
     enqueue_big_tenant(BIG)
     # Plain claiming: a worker busy with the big tenant's backlog reaches the small tenant's 10
     # jobs only after the backlog (minutes): none has started after 1.5 s.
-    plain = spawn("runworker", "--queues", "fair", "--concurrency", "4", "--worker-id", "plain",
+    plain = spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", "plain",
                   env=worker_env())
     wait_workers(1)
     wait_for(lambda: Job.objects.filter(status="done").exists(), timeout=30, what="the plain worker runs")
@@ -65,8 +65,8 @@ def test_a_small_tenant_starts_within_a_second_behind_a_100000_job_backlog_only_
     done_plain = Job.objects.filter(status="done", fair_key="big").count()
     # Fair claiming: the same backlog, 10 more small-tenant jobs enqueued while the worker is busy.
     Job.objects.filter(fair_key="small").delete()
-    env = worker_env(LEASEQUEUE_QUEUES=json.dumps({"fair": {"fair": True}}))
-    spawn("runworker", "--queues", "fair", "--concurrency", "4", "--worker-id", "fair", env=env)
+    env = worker_env(LEASEQUEUE_QUEUES=json.dumps({"flow": {"fair": True}}))
+    spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", "fair", env=env)
     wait_for(lambda: Job.objects.filter(status="done", leased_by__endswith="fair").exists(), timeout=30,
              what="the fair worker runs")
     enqueue_many(tenant_job, [["small", i] for i in range(10)])
@@ -92,7 +92,7 @@ def test_a_rate_limit_per_key_holds_across_two_worker_processes(spawn):
     more than 5 claims in any 1-second window, every job runs once, and the customers run side by
     side (each customer's 15 jobs need at least 2 s, all 45 together not much longer)."""
     for i in range(2):
-        spawn("runworker", "--queues", "keyed", "--concurrency", "4", "--worker-id", f"k{i}", env=worker_env())
+        spawn("runworker", "--queues", "flow", "--concurrency", "4", "--worker-id", f"k{i}", env=worker_env())
     wait_workers(2)
     started = time.monotonic()
     enqueue_many(keyed_rate, [[c, s] for c in ("a", "b", "c") for s in range(15)])

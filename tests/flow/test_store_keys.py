@@ -24,7 +24,7 @@ def fill(customer: str, n: int, start: int = 0) -> None:
                      channel="unused")
 
 
-def claim(limit: int, now, queues=("keyed",), **options):
+def claim(limit: int, now, queues=("flow",), **options):
     return store.job_claim(queues=list(queues), limit=limit, worker_id="t", lease=30, now=now, rate_limits={},
                            fair_queues=(), **options)
 
@@ -75,7 +75,7 @@ def test_a_used_up_key_is_not_probed_again_in_the_same_claim():
     """The closed-key list: after the key is used up, its remaining backlog is rejected inline; a
     keyless job behind the backlog is still found in the same claim."""
     fill("a", 300)
-    store.job_insert([build_job(rated_noop, [1], queue="keyed")], notify=False, channel="unused")
+    store.job_insert([build_job(rated_noop, [1], queue="flow")], notify=False, channel="unused")
     cur = connections["default"].cursor()
     cur.execute("SET LOCAL track_functions = 'pl'")  # the test's transaction: counts calls below
     t0 = store.db_now()
@@ -150,7 +150,7 @@ def test_bad_rate_options_are_refused_at_declaration():
 
 
 def test_a_key_that_fails_on_the_arguments_is_refused_at_enqueue():
-    spec = task(name="t.keyed_rate_bad", queue="keyed", rate_key="{customer}", rate_limit="1/s")(
+    spec = task(name="t.keyed_rate_bad", queue="flow", rate_key="{customer}", rate_limit="1/s")(
         lambda **kwargs: 1)
     with pytest.raises(EnqueueError, match=r"rate_key failed on these arguments: KeyError\('customer'\)"):
         build_job(spec, [], {"other": 1})
@@ -163,8 +163,8 @@ def test_the_queue_rate_limit_and_the_key_rate_limit_hold_together():
     fill("a", 10)
     fill("b", 10, start=100)
     t0 = store.db_now()
-    jobs = store.job_claim(queues=["keyed"], limit=50, worker_id="t", lease=30, now=t0,
-                           rate_limits={"keyed": RateLimit(limit=7, per=1.0)}, fair_queues=())
+    jobs = store.job_claim(queues=["flow"], limit=50, worker_id="t", lease=30, now=t0,
+                           rate_limits={"flow": RateLimit(limit=7, per=1.0)}, fair_queues=())
     assert len(jobs) == 7
     counts: dict[str, int] = {}
     for j in jobs:

@@ -1,4 +1,4 @@
-"""Claim throughput with flow control: plain claim vs keyed limits vs a rate-limited queue.
+"""Claim throughput with flow control: plain claim vs keyed limits, rate limits, fair claiming.
 
 Drains N no-op jobs per scenario through ``store.job_claim`` + ``store.job_complete`` in batches,
 in one process with one connection (no handler threads, no worker loop), so the figure is the cost
@@ -19,6 +19,10 @@ Scenarios:
                             claimed job is its key's head: 2 sequence probes per candidate)
   sequences, key by key     the same keys, each key's jobs enqueued together (a batch of 50 heads
                             reads past the queued jobs of 50 keys: the look-ahead worst case)
+  rate per key, 1000 keys   every job has a rate key (rate_key/rate_limit 100000/s, not binding):
+                            one leasequeue_rate_admit() call (lock, log read, log write) per job
+  fair, 1000 keys           a fair queue (QUEUES[...]["fair"]): round-robin over 1000 fair keys
+                            (one skip-scan probe and one per-key probe per job)
 
 Usage (from the project root; uses a scratch database it creates and migrates, named after
 LEASEQUEUE_DB_NAME with a ``_flowbench`` suffix, and deletes every job in it)::
@@ -98,16 +102,27 @@ def main() -> None:
     def seq_blocks(i: int) -> None:
         """No-op in one of 1,000 sequences, each key's jobs consecutive."""
 
-    predicate = re.search(r"\n *AND \(j\.concurrency_key IS NULL.*?%\(claim\)s\)\)\)", claim_sql.JOB_CLAIM, re.S)
-    assert predicate is not None
-    no_predicate_sql = claim_sql.JOB_CLAIM.replace(predicate.group(0), "")
-    sequence_rule = re.search(r"\n *AND \(j\.sequence_key IS NULL.*?'leased'\)\)\)", claim_sql.JOB_CLAIM, re.S)
+    @task(name="bench.rate_key1000", queue="bench", rate_key=lambda i: f"r{i % 1000}", rate_limit="100000/s")
+    def rate_key1000(i: int) -> None:
+        """No-op with one of 1000 rate keys."""
+
+    @task(name="bench.fair1000", queue="bench", fair_key=lambda i: f"t{i % 1000:04d}")
+    def fair1000(i: int) -> None:
+        """No-op with one of 1000 fair keys."""
+
+    no_predicate_sql = claim_sql.JOB_CLAIM
+    for column in ("concurrency_key", "rate_key"):
+        predicate = re.search(rf"\n *AND \(j\.{column} IS NULL.*?%\(claim\)s\)\)\)", no_predicate_sql, re.S)
+        assert predicate is not None
+        no_predicate_sql = no_predicate_sql.replace(predicate.group(0), "")
+    sequence_rule = re.search(r"\n *AND \(j\.sequence_key IS NULL.*?'leased'\)\)\)", no_predicate_sql, re.S)
     assert sequence_rule is not None
     no_predicate_sql = no_predicate_sql.replace(sequence_rule.group(0), "")
 
-    def claim_with(rates):
+    def claim_with(rates, fair=()):
         def claim(queue: str, limit: int) -> list[tuple]:
-            jobs = store.job_claim(queues=[queue], limit=limit, worker_id="bench", lease=30, rate_limits=rates)
+            jobs = store.job_claim(queues=[queue], limit=limit, worker_id="bench", lease=30, rate_limits=rates,
+                                   fair_queues=fair)
             return [(j.id, j.lease_version) for j in jobs]
         return claim
 
@@ -131,11 +146,14 @@ def main() -> None:
          claim_with({"b_rh": RateLimit(1_000_000_000, 3600.0)})),
         ("sequences: 1,000 keys, round-robin", "b_seq", seq1000, claim_with({})),
         ("sequences: 1,000 keys, key by key", "b_seqb", seq_blocks, claim_with({})),
+        ("rate per key: 1000 keys, 100000/s each", "b_rk", rate_key1000, claim_with({})),
+        ("fair: 1000 keys", "b_fair", fair1000, claim_with({}, fair=("b_fair",))),
+        # Further per-key policies add their row here: (label, queue, task, claim_with(...)).
     ]
 
     def fill() -> None:
         with connection.cursor() as cur:
-            cur.execute("TRUNCATE leasequeue_job, leasequeue_queue")
+            cur.execute("TRUNCATE leasequeue_job, leasequeue_queue, leasequeue_rate_key")
         for _, queue, spec, _ in scenarios:
             for start in range(0, args.jobs, 5000):
                 store.job_insert([build_job(spec, [i], queue=queue)
@@ -179,7 +197,7 @@ def main() -> None:
         print(f"  rep {rep + 1}: " + ", ".join(f"{label.split(' (')[0]} {v:,.0f}" for label, v in result.items()),
               file=sys.stderr)
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE leasequeue_job, leasequeue_queue")
+        cur.execute("TRUNCATE leasequeue_job, leasequeue_queue, leasequeue_rate_key")
 
     print(f"\nflow_bench: {args.jobs} no-op jobs per scenario, batches of {args.batch}, claim + complete on one "
           f"connection, scenarios interleaved batch by batch, {args.reps} reps (PostgreSQL "

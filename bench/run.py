@@ -141,7 +141,7 @@ class Config:
         return self.db + "_tpl"
 
 
-SECTIONS = ["enqueue", "drain", "latency", "hot", "claim", "peers"]
+SECTIONS = ["enqueue", "drain", "latency", "hot", "claim", "flow", "peers"]
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
@@ -480,6 +480,61 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
     if profile_to:
         return [one(0)]
     return repeat(cfg, label, one)
+
+
+# The flow section: real-worker drains (1 process x 4 threads) with one flow-control policy on
+# each, compared with a plain drain of the same no-op in the same repetition. Each variant is
+# (label, task in lqbench.tasks, extra worker environment). Another per-key policy adds its row here.
+FLOW_VARIANTS = [
+    ("plain", "flow_plain", {}),
+    ("rate limit per key (1,000 keys, 100000/s)", "flow_rate_key", {}),
+    ("fair claiming (1,000 keys)", "flow_fair", {"LQBENCH_FAIR": "1"}),
+    ("concurrency limit per key (100 keys, limit 5)", "flow_conc", {}),
+]
+
+
+def bench_flow(cfg: Config, dbs: Databases, workdir: str) -> dict[str, list[dict]]:
+    """Drain ``cfg.jobs`` jobs per variant of :data:`FLOW_VARIANTS`, the variants one after the
+    other in each repetition (so load from other processes hits them alike), and return each
+    variant's runs with ``jobs_per_s`` and ``vs_plain`` (its rate over the plain drain's, same rep)."""
+    dbs.setup_django()
+    from lqbench import tasks
+
+    from django_leasequeue import enqueue_many, store
+
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in FLOW_VARIANTS}
+    for rep in range(1, cfg.reps + 1):
+        plain_rate = None
+        for label, task_name, env in FLOW_VARIANTS:
+            db = dbs.fresh()
+            with connect(db) as c:
+                store.queue_pause("default", by="bench")
+                enqueue_many(getattr(tasks, task_name), [[i] for i in range(cfg.jobs)])
+                c.execute("ANALYZE leasequeue_job")
+                workers = Workers(cfg, 1, 4, env=env, log_path=os.path.join(workdir, f"flow-{task_name}-{rep}.log"))
+                try:
+                    workers.wait_registered(c)
+                    time.sleep(0.5)
+                    store.queue_resume("default")
+                    deadline = time.monotonic() + max(120.0, cfg.jobs / 50)
+                    while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job "
+                                    "WHERE status IN ('ready', 'leased'))").fetchone()[0]:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"flow {label}: not drained in time; {workers.tail()}")
+                        workers.check_alive()
+                        time.sleep(0.05)
+                finally:
+                    workers.stop()
+                done, first, last = c.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at) "
+                    "FROM leasequeue_job").fetchone()
+            if done != cfg.jobs:
+                raise RuntimeError(f"flow {label}: {done} of {cfg.jobs} jobs done")
+            rate = done / (last - first).total_seconds()
+            plain_rate = plain_rate or rate
+            runs[label].append({"jobs_per_s": rate, "vs_plain": rate / plain_rate})
+            log(f"flow {label} rep {rep}/{cfg.reps}: {rate:,.0f} jobs/s ({rate / plain_rate:.2f} x plain)")
+    return runs
 
 
 def py_spy() -> str:
@@ -952,7 +1007,7 @@ TARGETS = {
     "hot": ">= 90 %",
     "claim": "p50 within 2x of the 10k row",
 }
-MAIN_SECTIONS = [s for s in SECTIONS if s != "peers"]
+MAIN_SECTIONS = [s for s in SECTIONS if s not in ("peers", "flow")]
 
 
 def verdict(ok: bool | None, detail: str = "") -> str:
@@ -1132,6 +1187,18 @@ def report(cfg: Config, results: dict) -> str:
                   f"{ratio(ours.get('drain_per_s'), r.get('drain_per_s'))} | {ratio(own, r.get('drain_per_s'))} | "
                   f"{ratio(ours.get('latency_p50_ms'), r.get('latency_p50_ms'))} | "
                   f"{ratio(ours.get('latency_p99_ms'), r.get('latency_p99_ms'))} |")
+    if "flow" in results:
+        w("")
+        w(f"Flow control: drains of {cfg.jobs:,} no-op jobs, 1 x 4 threads, each compared with the plain drain "
+          "of the same repetition (limits never bind; target: within 2x of plain).")
+        w("")
+        w("| drain | jobs/s | vs plain [min-max] | verdict |")
+        w("|---|---|---|---|")
+        for label, runs in results["flow"].items():
+            ratios = [x["vs_plain"] for x in runs]
+            ok = median(ratios) is not None and median(ratios) >= 0.5
+            w(f"| {label} | {fmt(median([x['jobs_per_s'] for x in runs]))} | {median(ratios):.2f} "
+              f"[{min(ratios):.2f}-{max(ratios):.2f}] | {'within 2x' if ok else 'SLOWER than 2x'} |")
     return "\n".join(out)
 
 
@@ -1232,6 +1299,8 @@ def main(argv: list[str] | None = None) -> int:
             results["hot"] = bench_hot(cfg, dbs, workdir)
         if "claim" in cfg.sections:
             results["claim"] = bench_claim_cost(cfg, dbs, workdir)
+        if "flow" in cfg.sections:
+            results["flow"] = bench_flow(cfg, dbs, workdir)
     finally:
         if needs_db and not cfg.keep:
             dbs.drop_all()

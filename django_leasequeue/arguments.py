@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypedDict
 
-from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, queue_name_problem
+from .conf import MAX_ATTEMPTS_LIMIT, MAX_LEASE_SECONDS, check_lease_seconds, parse_rate, queue_name_problem
 from .exceptions import ArgumentsMismatch, ConfigurationError, EnqueueError, PayloadNotSerializable, PayloadTooLarge
 from .retry import Backoff, as_backoff
 
@@ -72,6 +72,9 @@ class UsingOptions(TypedDict, total=False):
     debounce_max_wait: float | timedelta | None
     throttle: float | timedelta | None
     sequence_key: str
+    rate_key: str | None
+    rate_limit: str | None
+    fair_key: str | None
 
 
 def seconds_option(value: Any, what: str, error: type[Exception]) -> float | None:
@@ -103,7 +106,8 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
                        backoff: Any = None,
                        concurrency_key: Any = None, concurrency_limit: int | None = None,
                        queue: str | None = None, takes_context: bool = False,
-                       manual_heartbeat: bool = False) -> None:
+                       manual_heartbeat: bool = False,
+                       rate_key: Any = None, rate_limit: Any = None, fair_key: Any = None) -> None:
     """Validate a task's options (shared by :func:`task` and the Django tasks backend).
 
     Args:
@@ -117,6 +121,9 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
             int from 1 to ``MAX_CONCURRENCY_LIMIT``); both or neither.
         queue: a queue name (see :func:`~django_leasequeue.conf.queue_name_problem`) or None.
         takes_context, manual_heartbeat: bool.
+        rate_key: a ``str.format`` template or a callable, with ``rate_limit`` (a string
+            ``"N/s|m|h"`` as for a queue's rate limit); both or neither.
+        fair_key: a ``str.format`` template, a callable, or None.
 
     Raises:
         ConfigurationError: naming the task and the bad option.
@@ -160,6 +167,14 @@ def check_task_options(task_name: str, *, priority: int = 0, max_attempts: int |
                                           or not 1 <= concurrency_limit <= MAX_CONCURRENCY_LIMIT):
         raise ConfigurationError(f"task {task_name!r}: concurrency_limit must be an int from 1 to "
                                  f"{MAX_CONCURRENCY_LIMIT}, got {concurrency_limit!r}")
+    if (rate_key is None) != (rate_limit is None):
+        raise ConfigurationError(f"task {task_name!r}: rate_key and rate_limit go together")
+    if rate_limit is not None:
+        parse_rate(rate_limit, f"task {task_name!r}: rate_limit")
+    for option, key in (("rate_key", rate_key), ("fair_key", fair_key)):
+        if key is not None and not (isinstance(key, str) or callable(key)):
+            raise ConfigurationError(f"task {task_name!r}: {option} must be a str.format template or a callable, "
+                                     f"got {key!r}")
 
 # ---------------------------------------------------------------------------------------------
 # Payload checks
@@ -434,6 +449,9 @@ def check_using(task_name: str, options: dict[str, Any]) -> None:
     check_unique_scope(options.get("unique_scope", "retained"))
     if options.get("unique_key") is not None:
         check_name(options["unique_key"], "unique_key", 255)
+    for option in ("rate_key", "fair_key"):
+        if options.get(option) is not None:
+            check_name(options[option], f"task {task_name!r}: {option}", 255)
     run_at_delay(options.get("run_at"))
     # Each value on its own; the combination (a key, the scope, run_at) is checked at the enqueue,
     # when every option is known.

@@ -208,7 +208,7 @@ def to_seconds(value: float | int | timedelta | None, name: str) -> float | None
 
 
 # Per-queue options accepted in ``LEASEQUEUE["QUEUES"][name]``.
-QUEUE_OPTIONS = {"rate_limit"}
+QUEUE_OPTIONS = {"rate_limit", "fair"}
 
 _RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
@@ -284,6 +284,26 @@ def _queue_options(queues: dict[str, dict[str, Any]]) -> dict[str, RateLimit]:
     return rates
 
 
+def _fair_queues(queues: dict[str, dict[str, Any]]) -> frozenset[str]:
+    """The queues with ``"fair": True`` (claimed round-robin across fair keys).
+
+    Raises:
+        ConfigurationError: ``fair`` is not a bool, or is combined with the queue's ``rate_limit``
+            (the fair claim does not keep the queue's rate log).
+    """
+    fair = set()
+    for name, options in queues.items():
+        flag = options.get("fair", False)
+        if not isinstance(flag, bool):
+            raise ConfigurationError(f"LEASEQUEUE['QUEUES'][{name!r}]['fair'] must be True or False, got {flag!r}")
+        if flag and options.get("rate_limit") is not None:
+            raise ConfigurationError(f"LEASEQUEUE['QUEUES'][{name!r}]: 'fair' and 'rate_limit' cannot be combined; "
+                                     "limit the rate per key instead (task option rate_key)")
+        if flag:
+            fair.add(name)
+    return frozenset(fair)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The validated ``LEASEQUEUE`` setting. Durations are float seconds."""
@@ -323,6 +343,8 @@ class Settings:
     stuck_handlers_max: int | None = None
     stuck_exit_after: float | None = 300.0
     max_interruptions: int = 5
+    # Queue names with QUEUES[name]["fair"] = True.
+    fair_queues: frozenset[str] = field(default_factory=frozenset)
 
     def queue_allowed(self, name: str) -> bool:
         """Return True when ``name`` may be enqueued to (any name when QUEUES is not restricted)."""
@@ -413,6 +435,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         )
     monitoring = _build_monitoring(merged)
     rate_limits = _queue_options(queues) if queues else {}
+    fair_queues = _fair_queues(queues) if queues else frozenset()
     return Settings(
         lease=lease,
         heartbeat_interval=heartbeat,
@@ -440,6 +463,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         unknown_task_grace=grace,
         **_build_timeouts(merged),
         max_result_bytes=max_result,
+        fair_queues=fair_queues,
     )
 
 

@@ -35,7 +35,7 @@ from .arguments import (
     seconds_option,
     throttle_key,
 )
-from .conf import Settings, get_settings, queue_name_problem
+from .conf import Settings, get_settings, parse_rate, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
 from .registry import P, R, TaskSpec, register_task, resolve_task
 from .retry import BackoffLike, ExceptionClasses, check_retry_options
@@ -88,7 +88,9 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
          discard_on: ExceptionClasses | None = None,
          sequence_key: str | Callable[..., str] | None = None,
-         sequence_on_dead: Literal["halt", "continue"] = "halt") -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         sequence_on_dead: Literal["halt", "continue"] = "halt",
+         rate_key: str | Callable[..., str] | None = None, rate_limit: str | None = None,
+         fair_key: str | Callable[..., str] | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 @overload
@@ -100,6 +102,8 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          discard_on: ExceptionClasses | None = None,
          sequence_key: str | Callable[..., str] | None = None,
          sequence_on_dead: Literal["halt", "continue"] = "halt",
+         rate_key: str | Callable[..., str] | None = None, rate_limit: str | None = None,
+         fair_key: str | Callable[..., str] | None = None
          ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
@@ -111,7 +115,9 @@ def task(func: None = None, *, name: str | None = None, queue: str | None = None
          concurrency_limit: int | None = None, retry_on: ExceptionClasses | None = None,
          discard_on: ExceptionClasses | None = None,
          sequence_key: str | Callable[..., str] | None = None,
-         sequence_on_dead: Literal["halt", "continue"] = "halt") -> Callable[[Callable[..., R]], Task[..., R]]: ...
+         sequence_on_dead: Literal["halt", "continue"] = "halt",
+         rate_key: str | Callable[..., str] | None = None, rate_limit: str | None = None,
+         fair_key: str | Callable[..., str] | None = None) -> Callable[[Callable[..., R]], Task[..., R]]: ...
 
 
 def task(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
@@ -123,6 +129,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
          discard_on: ExceptionClasses | None = None,
          sequence_key: str | Callable[..., str] | None = None,
          sequence_on_dead: Literal["halt", "continue"] = "halt",
+         rate_key: str | Callable[..., str] | None = None, rate_limit: str | None = None,
+         fair_key: str | Callable[..., str] | None = None
          ) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
     """Register a function as a task. Use as ``@task`` or ``@task(queue="emails", max_attempts=3)``.
 
@@ -159,6 +167,13 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         sequence_on_dead: what a dead job of the sequence does to the jobs behind it: ``"halt"``
             (default: they wait until an operator replays or skips the dead job) or ``"continue"``
             (the next one may start).
+        rate_key: a ``str.format`` template over the arguments, or a callable taking them (as
+            ``concurrency_key``); goes with ``rate_limit``.
+        rate_limit: ``"N/s"``, ``"N/m"`` or ``"N/h"``: at most N jobs of one ``rate_key`` are
+            claimed in any window of a second, minute or hour, across all workers.
+        fair_key: a template or callable as ``concurrency_key``: in a queue with
+            ``LEASEQUEUE["QUEUES"][name]["fair"] = True`` the claim takes jobs round-robin across
+            these keys. None: the job's concurrency key (if the task has one).
 
     Returns:
         A :class:`Task`.
@@ -173,7 +188,8 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
         timeout_s = seconds_option(timeout, f"task {task_name!r}: timeout", ConfigurationError)
         check_task_options(task_name, priority=priority, max_attempts=max_attempts, lease=lease_s, timeout=timeout_s,
                            backoff=backoff, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-                           queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat)
+                           queue=queue, takes_context=takes_context, manual_heartbeat=manual_heartbeat,
+                           rate_key=rate_key, rate_limit=rate_limit, fair_key=fair_key)
         retry_classes, discard_classes = check_retry_options(task_name, retry_on, discard_on)
         check_sequence_options(task_name, sequence_key, sequence_on_dead)
         registered: Task[..., Any] = Task(
@@ -182,6 +198,9 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             retry_on=retry_classes, discard_on=discard_classes,
             sequence_key=sequence_key, sequence_on_dead=sequence_on_dead,
+            rate_key=rate_key,
+            rate_limit=None if rate_limit is None else parse_rate(rate_limit, f"task {task_name!r}: rate_limit"),
+            fair_key=fair_key,
         )
         register_task(registered)
         return registered
@@ -322,13 +341,38 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
             raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
         check_name(conc_key, f"task {task_spec.name!r}: concurrency_key", 255)
     seq_key = _sequence_key(task_spec, args, kwargs)
+    rate = task_spec.rate_limit
+    rate_key = _job_key(task_spec, "rate_key", args, kwargs) if rate is not None else None
+    fair_key = _job_key(task_spec, "fair_key", args, kwargs)
     return NewJob(task=task_spec.name, queue=queue, priority=priority, args_json=args_json, kwargs_json=kwargs_json,
                   max_attempts=attempts, run_at=run_at, delay=delay, lease_seconds=task_spec.lease,
                   unique_key=unique_key, unique_scope=unique_scope, concurrency_key=conc_key,
                   concurrency_limit=task_spec.concurrency_limit if conc_key is not None else None,
                   schedule_id=schedule_id, occurrence_at=occurrence_at, unique_mode=unique_mode,
                   debounce_max_wait=max_wait_s, throttle=throttle_s, sequence_key=seq_key,
-                  sequence_halts=seq_key is not None and task_spec.sequence_on_dead == "halt")
+                  sequence_halts=seq_key is not None and task_spec.sequence_on_dead == "halt",
+                  rate_key=rate_key, rate_limit_n=rate.limit if rate is not None and rate_key is not None else None,
+                  rate_limit_secs=rate.per if rate is not None and rate_key is not None else None,
+                  fair_key=fair_key if fair_key is not None else conc_key)
+
+
+def _job_key(task_spec: TaskSpec[..., Any], option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """The value of a per-job key option (``rate_key``, ``fair_key``) for these arguments: the
+    template formatted with them, or the callable's result as a str; None when the task has none.
+
+    Raises:
+        EnqueueError: the template or callable fails on these arguments, or the key is empty,
+            longer than 255 characters or holds a NUL.
+    """
+    spec = getattr(task_spec, option)
+    if spec is None:
+        return None
+    try:
+        key = str(spec(*args, **kwargs)) if callable(spec) else spec.format(*args, **kwargs)
+    except Exception as exc:
+        raise EnqueueError(f"task {task_spec.name!r}: {option} failed on these arguments: {exc!r}") from None
+    check_name(key, f"task {task_spec.name!r}: {option}", 255)
+    return key
 
 
 def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
@@ -498,8 +542,9 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
     if not pairs:
         return 0
     report = signals.enabled("enqueued")
-    if task_spec.concurrency_key is not None or task_spec.sequence_key is not None:
-        # Per-job concurrency or sequence keys: the general path, one NewJob per job.
+    if (task_spec.concurrency_key is not None or task_spec.sequence_key is not None
+            or task_spec.rate_key is not None or task_spec.fair_key is not None):
+        # Per-job concurrency, sequence, rate or fair keys: the general path, one NewJob per job.
         jobs = [build_job(task_spec, a, kw, **options) for a, kw in pairs]
         return sum(len(insert_jobs(jobs[start:start + 10_000])) for start in range(0, len(jobs), 10_000))
     # Same task and options for every job: validate the options once, each job's arguments one by

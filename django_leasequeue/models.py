@@ -112,6 +112,13 @@ class Job(models.Model):
                                     help_text="jobs with the same key run one at a time, in enqueue order")
     sequence_halts = models.BooleanField(default=False, db_default=False,
                                          help_text="when dead, hold the sequence until replayed or skipped")
+    # Per-key rate limit (task option rate_key/rate_limit): at most rate_limit_n claims of jobs
+    # with this key in any window of rate_limit_secs seconds. Null for jobs without a key.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)
+    rate_limit_n = models.PositiveIntegerField(null=True, blank=True)
+    rate_limit_secs = models.FloatField(null=True, blank=True)
+    # Fair claiming (queue option "fair"): the claim serves these keys round-robin.
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "leasequeue_job"
@@ -143,6 +150,12 @@ class Job(models.Model):
             models.Index(
                 fields=["sequence_key", "id"], name="leasequeue_job_seq_order",
                 condition=Q(sequence_key__isnull=False, status__in=["ready", "leased", "dead"]),
+            ),
+            # The fair claim's skip scan over the distinct fair keys of a queue's ready jobs, and
+            # its probe for each key's first jobs (keyless jobs are the NULL group of the index).
+            models.Index(
+                "queue", "fair_key", models.F("priority").desc(), "run_at", "id",
+                name="leasequeue_job_fair", condition=Q(status="ready"),
             ),
         ]
         constraints = [
@@ -390,12 +403,32 @@ class QueueState(models.Model):
         help_text="[[claim time as epoch seconds (database clock), jobs claimed], ...] inside the rate window",
     )
     throttled_total = models.BigIntegerField(default=0, help_text="claims cut short by the queue's rate limit")
+    fair_cursor = models.CharField(
+        max_length=255, null=True, blank=True,
+        help_text="fair queues: the fair key the latest claim served last (the next claim starts after it)")
 
     class Meta:
         db_table = "leasequeue_queue"
 
     def __str__(self) -> str:
         return f"{self.name}{' (paused)' if self.paused else ''}"
+
+
+class RateKeyState(models.Model):
+    """The sliding log of one rate key (task option ``rate_key``): the claims of its jobs inside
+    the window, written only by the claim (``leasequeue_rate_admit()``) while it holds the key's
+    advisory lock. Rows past ``expires_at`` are pruned by the reaper."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    log = models.JSONField(default=list, blank=True,
+                           help_text="[[claim time as epoch seconds (database clock), jobs admitted], ...]")
+    expires_at = models.DateTimeField(help_text="when the latest logged claim leaves the window")
+
+    class Meta:
+        db_table = "leasequeue_rate_key"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class WorkerProcess(models.Model):

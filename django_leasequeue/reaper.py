@@ -80,7 +80,11 @@ def prune_processes(settings: Settings, *, now: datetime | None = None, alias: s
 
     Monitoring counts a process alive by its heartbeat age alone (``PROCESS_ALIVE_WITHIN``), so
     pruning only keeps the registry short: a SIGKILLed worker never deregisters.
+
+    The per-key rate logs whose window has passed are pruned on the same beat (they hold back no
+    claim any more; see :func:`store.rate_key_prune`); they are not counted in the result.
     """
+    store.rate_key_prune(now=now, alias=alias)
     return store.process_prune(older_than=settings.process_prune_after, now=now, alias=alias)
 
 

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Self, TypeVar, Unpack
 
 from .arguments import JobOptions, UsingOptions, check_using, seconds_option
-from .conf import get_settings
+from .conf import RateLimit, get_settings, parse_rate
 from .exceptions import ConfigurationError, EnqueueError, UnknownTask
 from .retry import BackoffLike, ExceptionClasses
 
@@ -84,6 +84,12 @@ class TaskSpec(Generic[P, R]):
             arguments; jobs with the same key run one at a time, in enqueue order.
         sequence_on_dead (str): ``"halt"`` (a dead job holds its sequence until an operator
             replays or skips it) or ``"continue"`` (the next job of the sequence may start).
+        rate_key: a callable or a ``str.format`` template over the arguments, as
+            ``concurrency_key``; with ``rate_limit`` at most ``rate_limit.limit`` jobs of one key
+            are claimed in any window of ``rate_limit.per`` seconds, across all workers.
+        rate_limit (RateLimit | None): see ``rate_key``.
+        fair_key: a callable or a ``str.format`` template over the arguments; in a fair queue the
+            claim serves the keys round-robin. None: the job's concurrency key, if any.
     """
 
     func: Callable[..., R]
@@ -101,6 +107,9 @@ class TaskSpec(Generic[P, R]):
     # Which errors are retried (see retry.decide): exception classes, checked at declaration.
     retry_on: ExceptionClasses | None = None
     discard_on: ExceptionClasses | None = None
+    rate_key: str | Callable[..., str] | None = None
+    rate_limit: RateLimit | None = None
+    fair_key: str | Callable[..., str] | None = None
     # Options for the next enqueue, set through using().
     run_at: datetime | timedelta | None = field(default=None, compare=False)
     unique_key: str | None = field(default=None, compare=False)
@@ -122,7 +131,9 @@ class TaskSpec(Generic[P, R]):
         int or float, or a ``datetime.timedelta``, stored as seconds; ``unique_mode`` with
         ``debounce``, ``debounce_max_wait`` and ``throttle`` in seconds, stored as seconds;
         ``sequence_key``, a key or ``str.format`` template over the arguments that replaces the
-        task's own, so that these jobs join that sequence under the task's ``sequence_on_dead``).
+        task's own, so that these jobs join that sequence under the task's ``sequence_on_dead``;
+        ``rate_key`` and ``fair_key`` as a literal key (a str, used as is, not as a template) or
+        None for none; ``rate_limit`` as ``"N/s|m|h"`` or None).
 
         ``timeout`` and ``backoff`` are not accepted: they are not stored in the job row, and the
         worker reads them from the registered task, so a per-enqueue value would be silently ignored.
@@ -134,7 +145,8 @@ class TaskSpec(Generic[P, R]):
         """
         allowed = {"run_at", "queue", "priority", "unique_key", "unique_scope", "max_attempts", "lease",
                    "unique_mode", "debounce", "debounce_max_wait", "throttle",
-                   "sequence_key"}
+                   "sequence_key",
+                   "rate_key", "rate_limit", "fair_key"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"using() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -145,7 +157,24 @@ class TaskSpec(Generic[P, R]):
         if "sequence_key" in checked and (not isinstance(checked["sequence_key"], str) or not checked["sequence_key"]):
             raise EnqueueError(f"task {self.name!r}: using(sequence_key=...) must be a non-empty str, "
                                f"got {checked['sequence_key']!r}")
-        return dataclasses.replace(self, **checked)
+        for option in ("rate_key", "fair_key"):
+            if checked.get(option) is not None:
+                checked[option] = _literal_key(checked[option])
+        if "rate_limit" in checked and checked["rate_limit"] is not None:
+            try:
+                checked["rate_limit"] = parse_rate(checked["rate_limit"], f"task {self.name!r}: rate_limit")
+            except ConfigurationError as exc:
+                raise EnqueueError(str(exc)) from None
+        copy = dataclasses.replace(self, **checked)
+        if (copy.rate_key is None) != (copy.rate_limit is None):
+            raise EnqueueError(f"task {self.name!r}: rate_key and rate_limit go together")
+        return copy
+
+
+def _literal_key(key: str) -> Callable[..., str]:
+    """A key option that yields ``key`` itself whatever the arguments (``using(rate_key="acme")``:
+    braces in it are not a template)."""
+    return lambda *args, **kwargs: key
 
 
 

@@ -40,6 +40,8 @@ LEASEQUEUE = {
     "NOTIFY": os.environ.get("LQBENCH_NOTIFY", "1") == "1",
     "SHUTDOWN_GRACE": 5,
 }
+if os.environ.get("LQBENCH_FAIR") == "1":  # the flow section's fair-claiming drain
+    LEASEQUEUE["QUEUES"] = {"default": {"fair": True}}
 if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":
     LEASEQUEUE["ASYNC_COMPLETIONS"] = True
 

@@ -59,3 +59,25 @@ def harness_lat(t_enq: float) -> None:
     from recorder import record
 
     record("l", t_enq)
+
+
+# The flow section's drains (bench/run.py --only flow): the same no-op with a per-job key. The
+# limits never bind, so each drain measures the cost of the check, not of waiting.
+@task(name="bench.flow_rate_key", rate_key=lambda i: f"r{i % 1000}", rate_limit="100000/s")
+def flow_rate_key(i: int) -> None:
+    """No-op with one of 1,000 rate keys, 100,000 per second each."""
+
+
+@task(name="bench.flow_fair", fair_key=lambda i: f"t{i % 1000:04d}")
+def flow_fair(i: int) -> None:
+    """No-op with one of 1,000 fair keys (the queue is fair when ``LQBENCH_FAIR=1``)."""
+
+
+@task(name="bench.flow_conc", concurrency_key=lambda i: f"k{i % 100}", concurrency_limit=5)
+def flow_conc(i: int) -> None:
+    """No-op with one of 100 concurrency keys, at most 5 leased each."""
+
+
+@task(name="bench.flow_plain")
+def flow_plain(i: int) -> None:
+    """The flow section's reference: the same no-op and argument, no key."""

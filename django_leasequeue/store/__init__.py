@@ -14,11 +14,13 @@ Where to look, and where a new statement goes:
                     :class:`NewJob`, the lookup by unique key
 ``claim``           the claim (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``, :func:`job_claim`), the
                     per-key concurrency admission, :class:`ClaimedJob`, corrupt-row handling
+``keys``            the fair claim of fair queues (``JOB_CLAIM_FAIR``), a rate key's log
 ``flow``            the claims of rate-limited queues (``RATE_LOCK``, ``JOB_CLAIM_RATED``,
                     ``JOB_CLAIM_ANY_QUEUE_RATED``), pause and resume, flow-control figures
 ``lease``           a lease holder's fenced writes: renew, complete, fail, snooze, cancel, release,
                     the ``fenced_atomic()`` lock, timed-out and lease-lost notes, late results
-``maintenance``     the reaper's sweep, pruning, process rows, dead-lettering unknown tasks
+``maintenance``     the reaper's sweep, pruning (finished jobs, rate-key logs), process rows,
+                    dead-lettering unknown tasks
 ``operator``        the admin's bulk operations: request cancel, replay, retry now
 ``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
 ``read``            monitoring's read-only queries (health snapshot, lease report, one job)
@@ -115,6 +117,7 @@ from .flow import (
     queue_resume,
     queue_throttled_totals,
 )
+from .keys import JOB_CLAIM_FAIR, fair_order, rate_key_log
 from .lease import (
     JOB_CANCEL_LEASED,
     JOB_COMPLETE,
@@ -150,6 +153,7 @@ from .maintenance import (
     PROCESS_HEARTBEAT,
     PROCESS_PRUNE,
     PROCESS_UPSERT,
+    RATE_KEY_PRUNE,
     DeadLettered,
     Reaped,
     job_dead_letter_unknown_tasks,
@@ -159,6 +163,7 @@ from .maintenance import (
     process_heartbeat,
     process_prune,
     process_register,
+    rate_key_prune,
 )
 from .operator import (
     JOB_REPLAY,
@@ -230,6 +235,7 @@ from .testing import (
 )
 
 __all__ = [
+    "JOB_CLAIM_FAIR", "RATE_KEY_PRUNE", "fair_order", "rate_key_log", "rate_key_prune",
     "CLOCK", "CLOCK_OFFSET_GET", "CLOCK_OFFSET_SET", "CLOCK_RAW_NOW", "CancelCounts", "ClaimResult",
     "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JOB_CANCEL_LEASED",
     "JOB_CLAIM", "JOB_CLAIM_ANY_QUEUE", "JOB_CLAIM_ANY_QUEUE_RATED", "JOB_CLAIM_IDS", "JOB_CLAIM_RATED",

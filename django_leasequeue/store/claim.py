@@ -29,6 +29,11 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
   listed in the setting ``leasequeue.conc_closed`` (prefixed by the claim id), and their rows are
   rejected by the inline ``strpos()`` before any function call: the look-ahead past a full key's
   backlog costs about as much as reading the rows, not a plpgsql call per row.
+* the per-key rate admission (after the concurrency admission): a candidate with a rate key calls
+  ``leasequeue_rate_admit()`` (migration 0008), which serialises the claimers of the key the same
+  way and logs the admission in the key's sliding log (``leasequeue_rate_key``); used-up keys are
+  listed in ``leasequeue.rate_closed`` and rejected inline by ``strpos()``. An admission whose row
+  is then skipped (SKIP LOCKED, the outer LIMIT) stays counted: fewer jobs, never more.
 
 An over-limit or unknown-task row is never locked and never counts against the batch:
 the scan keeps looking behind it.
@@ -37,16 +42,17 @@ the scan keeps looking behind it.
 from __future__ import annotations
 
 import functools
+import itertools
 import uuid
 import zoneinfo
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from . import flow
+from . import flow, keys
 from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _load, _run, db_alias, logger
 
 if TYPE_CHECKING:
@@ -110,6 +116,11 @@ picked AS MATERIALIZED (
                         AND strpos(current_setting('leasequeue.conc_closed', true),
                                    ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                    AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+          AND (j.rate_key IS NULL
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.rate_closed', true),
+                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -157,6 +168,11 @@ picked AS MATERIALIZED (
                     AND strpos(current_setting('leasequeue.conc_closed', true),
                                ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+      AND (j.rate_key IS NULL
+           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+                    AND strpos(current_setting('leasequeue.rate_closed', true),
+                               ';' || hashtext(j.rate_key)::text || ';') > 0)
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -205,14 +221,15 @@ class ClaimResult(list[ClaimedJob]):
 def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease: float,
               now: datetime | None = None, alias: str | None = None,
               rate_limits: Mapping[str, RateLimit] | None = None,
-              tasks: Sequence[str] | None = None) -> ClaimResult:
+              tasks: Sequence[str] | None = None, fair_queues: Collection[str] | None = None) -> ClaimResult:
     """Lease up to ``limit`` due ready jobs.
 
     Every eligibility rule is applied inside the locked candidate scan: due, ``ready``, queue not
-    paused, the job's concurrency key below its limit (across all workers), and the queue's rate
-    limit. Without rate-limited queues this is one statement (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``);
-    with them, one short transaction of two statements (``flow.RATE_LOCK``, then ``flow.JOB_CLAIM_RATED``
-    or ``flow.JOB_CLAIM_ANY_QUEUE_RATED``).
+    paused, the job's concurrency key below its limit (across all workers), its rate key's
+    allowance, and the queue's rate limit. Fair queues (``fair_queues``) are claimed round-robin
+    across fair keys (``keys.JOB_CLAIM_FAIR``). Without rate-limited queues this is one statement
+    (``JOB_CLAIM``, ``JOB_CLAIM_ANY_QUEUE``); with them, one short transaction of two statements
+    (``flow.RATE_LOCK``, then ``flow.JOB_CLAIM_RATED`` or ``flow.JOB_CLAIM_ANY_QUEUE_RATED``).
 
     Args:
         queues: queue names to claim from, or None for every queue.
@@ -224,6 +241,10 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
             ``LEASEQUEUE["QUEUES"]`` rate limits. Every worker must use the same limits.
         tasks: task names to claim (the worker's registered tasks); jobs of other tasks are left
             ``ready`` for a worker that knows them, untouched (no attempt spent). None: every task.
+        fair_queues: the queues claimed round-robin across fair keys (``keys.JOB_CLAIM_FAIR``);
+            None means ``LEASEQUEUE["QUEUES"]`` ``fair`` options. Only named queues are claimed
+            fairly: ``queues=None`` (every queue) uses the plain claim for all of them. A claim
+            from fair and other queues claims both parts in turn, alternating which goes first.
 
     Returns:
         A :class:`ClaimResult`: the claimed jobs in claim order (priority descending, then run_at,
@@ -231,10 +252,15 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     """
     if limit <= 0:
         return ClaimResult()
-    if rate_limits is None:
+    if rate_limits is None or fair_queues is None:
         from ..conf import get_settings
 
-        rate_limits = get_settings().rate_limits
+        settings = get_settings()
+        rate_limits = settings.rate_limits if rate_limits is None else rate_limits
+        fair_queues = settings.fair_queues if fair_queues is None else fair_queues
+    if fair_queues and queues is not None and any(q in fair_queues for q in queues):
+        return _claim_with_fair(queues=queues, limit=limit, worker_id=worker_id, lease=lease, now=now, alias=alias,
+                                rate_limits=rate_limits, tasks=tasks, fair_queues=fair_queues)
     alias = alias or db_alias()
     params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker_id, "lease": float(lease),
                               "claim": uuid.uuid4().hex[:16], "tasks": list(tasks) if tasks is not None else None,
@@ -251,6 +277,49 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     id_at = names.index("id")
     return _decode_claims([r for r in rows if r[id_at] is not None], names, alias, worker_id=worker_id,
                           now=now, throttled={k: float(v) for k, v in (waits or {}).items()})
+
+
+_fair_turn = itertools.count()
+
+
+def _claim_with_fair(*, queues: Sequence[str], limit: int, worker_id: str, lease: float, now: datetime | None,
+                     alias: str | None, rate_limits: Mapping[str, RateLimit], tasks: Sequence[str] | None,
+                     fair_queues: Collection[str]) -> ClaimResult:
+    """:func:`job_claim` for a queue list with fair queues: one fair claim per fair queue and one
+    plain (or rated) claim of the others, each with what the batch has left. Which part goes first
+    alternates between calls, so neither part can take every batch while the other has due jobs."""
+    alias = alias or db_alias()
+    fair = [q for q in queues if q in fair_queues]
+    rest = [q for q in queues if q not in fair_queues]
+    jobs = ClaimResult()
+
+    def claim_fair() -> None:
+        for queue in fair:
+            left = limit - len(jobs)
+            if left <= 0:
+                return
+            params = {"now": now, "limit": left, "worker": worker_id, "lease": float(lease),
+                      "claim": uuid.uuid4().hex[:16], "tasks": list(tasks) if tasks is not None else None,
+                      "all_tasks": tasks is None}
+            rows, description = keys._claim_fair(params, queue, alias=alias)
+            names = _column_names(description)
+            decoded = _decode_claims(keys.fair_order(rows, names), names, alias, worker_id=worker_id, now=now,
+                                     ordered=True)
+            jobs.extend(decoded)
+            jobs.corrupt.extend(decoded.corrupt)
+
+    def claim_rest() -> None:
+        left = limit - len(jobs)
+        if rest and left > 0:
+            other = job_claim(queues=rest, limit=left, worker_id=worker_id, lease=lease, now=now, alias=alias,
+                              rate_limits=rate_limits, tasks=tasks, fair_queues=())
+            jobs.extend(other)
+            jobs.corrupt.extend(other.corrupt)
+            jobs.throttled.update(other.throttled)
+
+    for part in ((claim_fair, claim_rest) if next(_fair_turn) % 2 == 0 else (claim_rest, claim_fair)):
+        part()
+    return jobs
 
 
 _new = object.__new__
@@ -345,7 +414,8 @@ RETURNING j.id
 
 
 def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worker_id: str,
-                   now: datetime | None, throttled: Mapping[str, float] | None = None) -> ClaimResult:
+                   now: datetime | None, throttled: Mapping[str, float] | None = None,
+                   ordered: bool = False) -> ClaimResult:
     """Decode claimed rows (their columns named by ``names``, the claim's RETURNING list) one at a
     time into a :class:`ClaimResult`, in claim order.
 
@@ -354,7 +424,8 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
     version) is dead-lettered at once with a ``CorruptRow`` error naming the reason, fenced on its
     new token, and left out; the rest of the batch runs. The claim has already committed (or will,
     with the caller's transaction), so raising instead would leave every row of the batch leased
-    with no one to run it.
+    with no one to run it. ``ordered``: the rows are already in claim order (the fair claim's
+    round-robin order), keep it.
     """
     jobs = ClaimResult(throttled=throttled)
     if not rows:
@@ -363,7 +434,7 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
     i_id, i_version, i_task = names.index("id"), names.index("lease_version"), names.index("task")
     zone = _connection_zone(alias)
     corrupt: list[tuple[int, int, str, str]] = []
-    for r in _claim_order(rows, names):
+    for r in (rows if ordered else _claim_order(rows, names)):
         try:
             job = decode(r)
             if type(job.args) is not list or type(job.kwargs) is not dict:

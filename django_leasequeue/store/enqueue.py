@@ -43,6 +43,10 @@ class NewJob:
     throttle: float | None = None
     sequence_key: str | None = None
     sequence_halts: bool = False
+    rate_key: str | None = None
+    rate_limit_n: int | None = None
+    rate_limit_secs: float | None = None
+    fair_key: str | None = None
 
 
 _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
@@ -51,7 +55,7 @@ _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
 _INSERT_COLUMNS = ("task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, "
                    "leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit, "
                    "cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at, "
-                   "sequence_key, sequence_halts")
+                   "sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key")
 
 # Insert many jobs in one statement (unnest of parallel arrays), skipping unique-key conflicts.
 # ``ON CONFLICT DO NOTHING`` (no target) covers both partial unique indexes and never raises, so
@@ -70,16 +74,17 @@ ins AS (
            coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts,
            t.lease_seconds, '', 0, t.unique_key, t.unique_scope, t.concurrency_key,
            t.concurrency_limit, false, 0, t.schedule_id, t.occurrence_at, '[]'::jsonb, '[]'::jsonb,
-           clock.now, t.sequence_key, t.sequence_halts
+           clock.now, t.sequence_key, t.sequence_halts, t.rate_key, t.rate_limit_n, t.rate_limit_secs, t.fair_key
     FROM clock, unnest(
         %(task)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(args)s::text[],
         %(kwargs)s::text[], %(run_at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
         %(lease_seconds)s::float8[], %(unique_key)s::text[], %(unique_scope)s::text[],
         %(concurrency_key)s::text[], %(concurrency_limit)s::int[], %(schedule_id)s::bigint[],
-        %(occurrence_at)s::timestamptz[], %(sequence_key)s::text[], %(sequence_halts)s::bool[]
+        %(occurrence_at)s::timestamptz[], %(sequence_key)s::text[], %(sequence_halts)s::bool[],
+        %(rate_key)s::text[], %(rate_limit_n)s::int[], %(rate_limit_secs)s::float8[], %(fair_key)s::text[]
     ) AS t(task, queue, priority, args, kwargs, run_at, delay, max_attempts, lease_seconds,
            unique_key, unique_scope, concurrency_key, concurrency_limit, schedule_id, occurrence_at,
-           sequence_key, sequence_halts)
+           sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key)
     ON CONFLICT DO NOTHING
     RETURNING *
 ),
@@ -123,6 +128,10 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
         "occurrence_at": [j.occurrence_at for j in jobs],
         "sequence_key": [j.sequence_key for j in jobs],
         "sequence_halts": [j.sequence_halts for j in jobs],
+        "rate_key": [j.rate_key for j in jobs],
+        "rate_limit_n": [j.rate_limit_n for j in jobs],
+        "rate_limit_secs": [j.rate_limit_secs for j in jobs],
+        "fair_key": [j.fair_key for j in jobs],
     }
     with _schema_required(alias), sequence_locked([j.sequence_key for j in jobs], alias=alias):
         rows = _run(JOB_INSERT, params, alias=alias).rows
@@ -143,7 +152,8 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
        %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
-       %(sequence_halts)s::bool
+       %(sequence_halts)s::bool,
+       %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8, %(fair_key)s::text
 FROM ({CLOCK}) AS clock
 {{on_conflict}}
 RETURNING id, run_at, created_at,
@@ -157,7 +167,8 @@ _INSERT_ONE = {unique: JOB_INSERT_ONE.format(on_conflict=_ON_CONFLICT if unique 
 
 _ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "lease_seconds", "unique_key",
                "unique_scope", "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key",
-               "sequence_halts")
+               "sequence_halts",
+               "rate_key", "rate_limit_n", "rate_limit_secs", "fair_key")
 
 
 def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
@@ -183,6 +194,8 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
         "interruptions": 0, "sequence_key": job.sequence_key, "sequence_halts": job.sequence_halts,
         "errors": [], "history": [], "result": None, "created_at": row[2], "started_at": None,
         "attempted_at": None, "finished_at": None,
+        "rate_key": job.rate_key, "rate_limit_n": job.rate_limit_n, "rate_limit_secs": job.rate_limit_secs,
+        "fair_key": job.fair_key,
     }
     return Job.from_db(alias, _JOB_ATTNAMES, [values[name] for name in _JOB_ATTNAMES])
 
@@ -200,7 +213,7 @@ ins AS (
     SELECT %(task)s, %(queue)s, %(priority)s, 'ready', a.value, coalesce(k.value, '{{{{}}}}'::jsonb),
            coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
            %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
-           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now, NULL, false
+           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now, NULL, false, NULL, NULL, NULL, NULL
     FROM clock,
          jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
          LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
@@ -238,7 +251,8 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
         ``(number inserted, ids or [])``; jobs whose unique key is taken are skipped.
     """
     params = {name: getattr(template, name) for name in _ONE_FIELDS if name not in (
-        "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key", "sequence_halts")}
+        "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key", "sequence_halts",
+        "rate_key", "rate_limit_n", "rate_limit_secs", "fair_key")}
     params.update(now=now, notify=notify, channel=channel, args=args_json, kwargs=kwargs_json,
                   delay=float(template.delay), want_ids=want_ids)
     sql = _INSERT_MANY[template.unique_key is not None]
@@ -274,13 +288,16 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
        %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
-       %(sequence_halts)s::bool
+       %(sequence_halts)s::bool, %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8,
+       %(fair_key)s::text
 FROM ({CLOCK}) AS clock
 ON CONFLICT (unique_key) WHERE {{arbiter}}
 DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, priority = EXCLUDED.priority,
               queue = EXCLUDED.queue, max_attempts = EXCLUDED.max_attempts,
               lease_seconds = EXCLUDED.lease_seconds, concurrency_key = EXCLUDED.concurrency_key,
-              concurrency_limit = EXCLUDED.concurrency_limit,
+              concurrency_limit = EXCLUDED.concurrency_limit, rate_key = EXCLUDED.rate_key,
+              rate_limit_n = EXCLUDED.rate_limit_n, rate_limit_secs = EXCLUDED.rate_limit_secs,
+              fair_key = EXCLUDED.fair_key,
               run_at = least(EXCLUDED.run_at, job.created_at + make_interval(secs => %(max_wait)s::float8))
 WHERE job.status = 'ready' AND job.lease_version = 0 AND job.task = EXCLUDED.task AND NOT job.cancel_requested
 RETURNING {", ".join(f"job.{c}" for c in _JOB_COLUMNS)}, job.xmax = 0,

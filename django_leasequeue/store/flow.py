@@ -96,6 +96,11 @@ picked AS MATERIALIZED (
                         AND strpos(current_setting('leasequeue.conc_closed', true),
                                    ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                    AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+          AND (j.rate_key IS NULL
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.rate_closed', true),
+                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED
@@ -200,6 +205,11 @@ unrated AS MATERIALIZED (
                     AND strpos(current_setting('leasequeue.conc_closed', true),
                                ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+      AND (j.rate_key IS NULL
+           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+                    AND strpos(current_setting('leasequeue.rate_closed', true),
+                               ';' || hashtext(j.rate_key)::text || ';') > 0)
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -223,6 +233,11 @@ rated AS MATERIALIZED (
                         AND strpos(current_setting('leasequeue.conc_closed', true),
                                    ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                    AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+          AND (j.rate_key IS NULL
+               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+                        AND strpos(current_setting('leasequeue.rate_closed', true),
+                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED

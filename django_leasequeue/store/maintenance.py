@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..exceptions import UnknownTask
-from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps, _run
+from ..models import RateKeyState
+from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps, _run, db_alias
 
 # Return expired leases (leased_until passed, by database time) to ready, or to dead when the
 # attempts are exhausted, recording "lease expired" as the attempt's error and bumping the token.
@@ -324,3 +325,30 @@ def job_dead_letter_unknown_tasks(*, grace: float, alive_within: float, by: str,
               "scan": int(scan), "type": f"{UnknownTask.__module__}.{UnknownTask.__qualname__}"}
     return [DeadLettered(*r) for r in _run(JOB_DEAD_LETTER_UNKNOWN, params, alias=alias).rows]
 
+
+_RATE_KEY_TABLE = RateKeyState._meta.db_table
+
+# Delete the per-key rate logs whose latest logged claim has left its window (nothing in them can
+# hold back a claim any more). The claim re-creates a key's row at its next admission.
+RATE_KEY_PRUNE = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+old AS (
+    SELECT r.key FROM {_RATE_KEY_TABLE} r, clock WHERE r.expires_at < clock.now
+    ORDER BY r.expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {_RATE_KEY_TABLE} r USING old WHERE r.key = old.key
+"""
+
+
+def rate_key_prune(*, limit: int = 10_000, now: datetime | None = None, alias: str | None = None) -> int:
+    """Delete up to ``limit`` per-key rate logs that no longer hold back any claim (their window
+    has passed; rows locked by a claim right now are left for the next sweep).
+
+    Args:
+        limit: rows to delete at most in this call.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        The number of rows deleted.
+    """
+    return _run(RATE_KEY_PRUNE, {"now": now, "limit": limit}, alias=alias or db_alias()).rowcount

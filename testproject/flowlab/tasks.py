@@ -129,3 +129,17 @@ def seq_step_loose(context: JobContext, account: str, n: int, seconds: float = 0
         raise RuntimeError(f"step {n} of {key} fails")
     probe(context, key, "end")
     return n
+
+
+@task(name="flowlab.keyed_rate", queue="flow", rate_key="customer-{0}", rate_limit="5/s")
+def keyed_rate(customer: str, seq: int) -> int:
+    """At most 5 jobs of one customer are claimed per second, across all workers."""
+    return seq
+
+
+@task(name="flowlab.tenant_job", queue="flow", fair_key="{0}")
+def tenant_job(tenant: str, seq: int, seconds: float = 0.0) -> int:
+    """Work for one tenant (make its queue fair with ``QUEUES["flow"]["fair"] = True``)."""
+    if seconds:
+        time.sleep(seconds)
+    return seq

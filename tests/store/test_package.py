@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from django_leasequeue import store
-from django_leasequeue.store import claim, flow, testing
+from django_leasequeue.store import claim, flow, keys, testing
 
 STORE = Path(store.__file__).resolve().parent
 # The names callers, tests, docs and benchmarks use through the package (a sample across modules).
@@ -52,8 +52,8 @@ CLAIM_COLUMNS = ["id", "task", "queue", "args", "kwargs", "attempts", "max_attem
 
 
 @pytest.mark.parametrize("sql", [claim.JOB_CLAIM, claim.JOB_CLAIM_ANY_QUEUE, flow.JOB_CLAIM_RATED,
-                                 flow.JOB_CLAIM_ANY_QUEUE_RATED, testing.JOB_CLAIM_IDS],
-                         ids=["claim", "any-queue", "rated", "any-queue-rated", "ids"])
+                                 flow.JOB_CLAIM_ANY_QUEUE_RATED, testing.JOB_CLAIM_IDS, keys.JOB_CLAIM_FAIR],
+                         ids=["claim", "any-queue", "rated", "any-queue-rated", "ids", "fair"])
 def test_every_claim_variant_names_the_columns_the_decoder_reads(sql):
     returned = sql[sql.rindex("SELECT c.id"):] if "SELECT c.id" in sql else sql[sql.rindex("RETURNING"):]
     missing = [c for c in CLAIM_COLUMNS if not re.search(rf"(\bAS |\b[jc]\.){c}\b", returned)]
@@ -84,15 +84,17 @@ def _squash(sql: str) -> str:
 
 
 @pytest.mark.parametrize("sql", [claim.JOB_CLAIM_ANY_QUEUE, flow.JOB_CLAIM_RATED, flow.JOB_CLAIM_ANY_QUEUE_RATED,
-                                 testing.JOB_CLAIM_IDS],
-                         ids=["any-queue", "rated", "any-queue-rated", "ids"])
+                                 testing.JOB_CLAIM_IDS, keys.JOB_CLAIM_FAIR],
+                         ids=["any-queue", "rated", "any-queue-rated", "ids", "fair"])
 def test_the_claim_variants_spell_the_shared_rules_alike(sql):
     """Each variant is written out in full; the rules they share must stay word for word the same as
-    in the plain claim: the task filter, the token room, the sequence rule and concurrency admission, the lease SET and
-    the returned columns (the testing helpers' claim of chosen ids has no task filter)."""
+    in the plain claim: the task filter, the token room, the sequence rule, the concurrency and
+    rate-key admissions, the lease SET and the returned columns (the testing helpers' claim of
+    chosen ids has no task filter)."""
     plain = _squash(claim.JOB_CLAIM)
     admission = re.search(r"AND j\.lease_version < \d+ AND \(j\.sequence_key IS NULL .*? "
-                          r"AND \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)", plain)
+                          r"AND \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)"
+                          r" AND \(j\.rate_key IS NULL .*?%\(claim\)s\)\)\)", plain)
     lease_set = re.search(r"SET status = 'leased', .*? attempted_at = clock\.now", plain)
     returning = re.search(r"RETURNING (j\.id, .*? AS run_at_us)", plain)
     assert admission and lease_set and returning

@@ -71,10 +71,13 @@ from .claim import (
     JOB_CLAIM,
     JOB_CLAIM_ANY_QUEUE,
     JOB_DEAD_CORRUPT,
+    JOB_NEXT_RUN_AT,
     ClaimedJob,
     ClaimResult,
+    NextRunAt,
     _decode_claims,
     job_claim,
+    job_next_run_at,
 )
 from .enqueue import (
     JOB_INSERT,
@@ -230,4 +233,5 @@ __all__ = [
     "process_register", "queue_list", "queue_pause", "queue_paused_names", "queue_resume",
     "queue_throttled_totals", "read_cursor", "schedule_advance", "schedule_lock_due", "schedule_lock_for_save",
     "schedule_next_due", "schedule_sync_settings", "snapshot_rows",
+    "JOB_NEXT_RUN_AT", "NextRunAt", "job_next_run_at",
 ]

@@ -226,6 +226,9 @@ def job_fail(job_id: int, version: int, error: dict[str, Any], *, retry_delay: f
         error: JSON-able dict (attempt, type, message, traceback, worker); ``at`` is added.
         retry_delay: seconds until the retry, or None to dead-letter at once (non-retryable).
 
+    A retry sends a NOTIFY ``"<queue> <run_at>"`` when the ``NOTIFY`` setting is on (delivered at
+    commit), so that idle workers wake for it.
+
     Returns:
         ``(new status, run_at)`` (status ``ready``, ``dead``, or ``cancelled`` when a cancel was
         requested), or None when the lease was lost (nothing was written).
@@ -268,6 +271,9 @@ RETURNING j.status, {_WAKE_RETRY}
 def job_snooze(job_id: int, version: int, seconds: float, *, max_snoozes: int, now: datetime | None = None,
                alias: str | None = None) -> str | None:
     """Put a leased job back to ready in ``seconds`` without counting a failed attempt.
+
+    Sends a NOTIFY ``"<queue> <run_at>"`` when the ``NOTIFY`` setting is on (delivered at commit),
+    so that idle workers wake for it.
 
     Returns:
         The new status (``ready``; ``dead`` past ``max_snoozes``; ``cancelled`` when a cancel was

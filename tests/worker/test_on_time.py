@@ -154,3 +154,30 @@ def test_idle_wait_ends_at_the_next_run_at_and_only_earlier_notifications_cut_it
     assert worker._wait_ends_at is None
     worker.wake_for_run_at(job2.run_at.timestamp() + 100)
     assert worker._wake.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_listener_wakes_for_served_queues_only_and_only_for_times_before_the_wait_ends():
+    worker = WorkerService(queues=["ontime"], concurrency=1, poll_interval=10, notify=True, reap=False)
+    listener = worker.listener
+    assert listener is not None
+    try:
+        listener.run_once()  # connects (and wakes the worker: anything enqueued meanwhile), no notification
+        assert worker._wake.is_set()
+        worker._wake.clear()
+        ends = (store.db_now() + timedelta(seconds=30)).timestamp()
+        worker._wait_ends_at = ends
+        later(60)  # after the wait ends: it will be read then
+        later(5, queue="ontime-other")  # not served
+        listener.run_once()
+        assert listener.received == 2 and not worker._wake.is_set()
+        soon = later(5)
+        listener.run_once()
+        assert listener.received == 3 and worker._wake.is_set()
+        assert soon.run_at.timestamp() < ends
+        worker._wake.clear()
+        enqueue("qa.digest", kwargs={"blob": "due"}, queue="ontime")  # due now: wakes whatever the wait
+        listener.run_once()
+        assert listener.received == 4 and worker._wake.is_set()
+    finally:
+        listener.on_stop()

@@ -378,11 +378,13 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
 # so min(run_at) over a queue would read every ready row of it (a large backlog scheduled for
 # later makes that a long scan on every idle turn). Instead a skip scan walks the distinct
 # priorities of each queue (one index probe each, by the recursive CTE ``levels``) and takes the
-# first future run_at of each (queue, priority) pair, again one probe: a handful of probes
+# first later run_at of each (queue, priority) pair, again one probe: a handful of probes
 # whatever the backlog, and no index of its own to maintain on every enqueue. The worker of every
-# queue first walks the distinct queues the same way (``{served}``). Due jobs are left out: they
-# are the claim's business (one that it did not take, a busy concurrency key, must not make the
-# worker spin), and so are paused queues (their resume notifies). Always one row: the clock reading
+# queue first walks the distinct queues the same way (``{served}``). "Later" is after the start of
+# the worker's claim that found nothing (%(since)s seconds ago): a job that became due between that
+# claim and this look-up comes back (due: the worker claims again at once), and one that was due at
+# the claim is the claim's business (one it did not take, a busy concurrency key, must not make the
+# worker spin). Paused queues are left out (their resume notifies). Always one row: the clock reading
 # comes back too, so the worker can tell when its wait ends in database time.
 JOB_NEXT_RUN_AT = f"""
 WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
@@ -400,7 +402,8 @@ levels(queue, priority) AS (
 SELECT extract(epoch FROM c.now)::float8, extract(epoch FROM n.run_at)::float8
 FROM clock c, LATERAL (
     SELECT min((SELECT j.run_at FROM {JOB_TABLE} j
-                WHERE j.status = 'ready' AND j.queue = l.queue AND j.priority = l.priority AND j.run_at > c.now
+                WHERE j.status = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                  AND j.run_at > c.now - make_interval(secs => %(since)s::float8)
                 ORDER BY j.run_at LIMIT 1)) AS run_at
     FROM levels l WHERE l.priority IS NOT NULL
 ) AS n
@@ -427,7 +430,8 @@ class NextRunAt:
 
     Attributes:
         now: the database clock when it was read.
-        at: the earliest ``run_at`` after ``now``, or None when no such job exists.
+        at: the earliest ``run_at`` after the look-up's start (usually after ``now``), or None
+            when no such job exists.
     """
 
     now: float
@@ -435,22 +439,27 @@ class NextRunAt:
 
     @property
     def seconds(self) -> float | None:
-        """Seconds from ``now`` until ``at`` (> 0), or None when no job is due later."""
+        """Seconds from ``now`` until ``at`` (<= 0 for a job that became due during the look-up),
+        or None when no job is due later."""
         return None if self.at is None else self.at - self.now
 
 
-def job_next_run_at(queues: Sequence[str] | None, *, now: datetime | None = None,
+def job_next_run_at(queues: Sequence[str] | None, *, since: float = 0.0, now: datetime | None = None,
                     alias: str | None = None) -> NextRunAt:
-    """The earliest ``run_at`` after now among the ready jobs of ``queues``, paused queues left out.
+    """The earliest ``run_at`` after ``now - since`` among the ready jobs of ``queues``, paused
+    queues left out.
 
     Args:
         queues: queue names, or None for every queue.
+        since: seconds (>= 0) before now that the look-up starts from: how long ago the claim
+            that found nothing started, so that a job that became due since is found (its
+            ``at`` is then at or before ``now``).
         now: an aware datetime standing in for the database clock (tests); None: the database's.
         alias: the database alias (None: the configured one).
 
     Returns:
         A :class:`NextRunAt` (its ``at`` is None when no ready job of those queues is due later).
     """
-    params = {"now": now, "queues": list(queues) if queues is not None else None}
+    params = {"now": now, "queues": list(queues) if queues is not None else None, "since": max(0.0, float(since))}
     row = _run(_NEXT_RUN_AT[queues is not None], params, alias=alias).one()
     return NextRunAt(now=row[0], at=row[1])

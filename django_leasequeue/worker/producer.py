@@ -56,6 +56,8 @@ class Producer:
         # The last round ran a claim that found nothing due (not saturated, not throttled): the
         # worker then looks up when its next job is due.
         self.found_nothing = False
+        # time.monotonic() at the start of the last claim statement.
+        self.claim_started = 0.0
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -93,6 +95,7 @@ class Producer:
                 pool.saturated = True
                 return None
             want = pool.concurrency + extra - held
+        self.claim_started = time.monotonic()
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.tasks())
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run

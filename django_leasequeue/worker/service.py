@@ -305,9 +305,11 @@ class WorkerService(RegisteredService):
             wait = max(0.0, min(wait, self._next_reap - time.monotonic()))
         if not self.producer.found_nothing:
             return wait  # saturated: freed threads wake the loop, and no thread could take a job
-        nxt = store.job_next_run_at(self.queues, alias=self.alias)
+        # From the start of that claim: a job that became due since is not skipped (wait 0).
+        nxt = store.job_next_run_at(self.queues, since=time.monotonic() - self.producer.claim_started,
+                                    alias=self.alias)
         if nxt.seconds is not None:
-            wait = min(wait, nxt.seconds)
+            wait = max(0.0, min(wait, nxt.seconds))
         with self._wait_lock:
             self._wait_ends_at = nxt.now + wait
         return wait

@@ -61,6 +61,9 @@ def test_next_run_at_is_the_earliest_future_ready_job_of_the_served_unpaused_que
     assert store.job_next_run_at(["nobody"], now=now).at is None
     # Strictly after now: a job due at now is the claim's, not a reason to sleep 0 s.
     assert store.job_next_run_at(["ontime"], now=a_neg.run_at).at == a_high.run_at.timestamp()
+    # From ``since`` seconds before now: a job that became due after the worker's empty claim.
+    since = store.job_next_run_at(["ontime"], now=a_neg.run_at + timedelta(seconds=2), since=3)
+    assert (since.at, since.seconds) == (a_neg.run_at.timestamp(), pytest.approx(-2.0))
     Job.objects.filter(pk=a_high.pk).update(status="leased")  # not ready: not counted
     assert store.job_next_run_at(["ontime"], now=a_neg.run_at).at == a_low.run_at.timestamp()
     assert store.job_next_run_at(["ontime"], now=a_low.run_at).at is None
@@ -181,3 +184,19 @@ def test_listener_wakes_for_served_queues_only_and_only_for_times_before_the_wai
         assert listener.received == 4 and worker._wake.is_set()
     finally:
         listener.on_stop()
+
+
+@pytest.mark.django_db
+def test_a_job_due_between_the_empty_claim_and_the_look_up_is_claimed_at_once():
+    """The look-up starts from the claim's start: a job whose run_at fell between the claim that
+    found nothing and the look-up is due, so the worker claims again at once instead of sleeping
+    to the next run_at or the poll (10 s here)."""
+    worker = WorkerService(queues=["ontime"], concurrency=1, poll_interval=10, notify=False, reap=False,
+                           prefetch_wait=0)
+    job = later(3)
+    assert 2.5 < worker.run_once() <= 3.0
+    # As if the claim had started 5 s ago and the job became due 1 s after it.
+    Job.objects.filter(pk=job.pk).update(run_at=store.db_now() - timedelta(seconds=4))
+    worker.producer.claim_started -= 5.0
+    assert worker._idle_wait() == 0.0
+    assert worker.run_once() == 0.0 and worker.claimed == 1

@@ -20,6 +20,11 @@ Rows (each the median of ``--reps`` runs, on a fresh database copied from a migr
 * latency: enqueue-to-start p50/p99 of a trickle of jobs into one idle worker, with LISTEN/NOTIFY and
   with ``runworker --no-notify`` (polling, default 1 s interval; the trickle does not wait for the
   starts, its random 20-220 ms pauses give a uniform phase against the polling cycle).
+* on time: how late jobs due later start (claim time ``attempted_at`` - ``run_at``, database
+  times), p50/p99/max, into one idle 1 x 4 worker with ``POLL_INTERVAL = 10``: delayed enqueues,
+  retries and snoozes with run times spread over the next 0.3-3 s. With ``--ontime-baseline DIR``
+  (a checkout of an earlier version, e.g. ``git archive main | tar -x -C DIR``) the same row runs
+  with that version's worker too, in the same run ("before").
 * HOT: share of heartbeat updates that were HOT (``pg_stat_user_tables``), in a window where only
   heartbeats run: 16 long jobs, lease 1.5 s (a renewal every 0.5 s).
 * claim cost: time of one claim statement (10 jobs) with 10k / 1M / 10M finished or future rows
@@ -135,13 +140,14 @@ class Config:
     drop_cache: bool = False
     render: str | None = None
     notes: list[str] = field(default_factory=list)
+    ontime_baseline: str | None = None
 
     @property
     def template(self) -> str:
         return self.db + "_tpl"
 
 
-SECTIONS = ["enqueue", "drain", "latency", "hot", "claim", "flow", "peers"]
+SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "peers"]
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
@@ -206,6 +212,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     ap.add_argument("--render", metavar="RESULTS_JSON",
                     help="measure nothing: print the table of an earlier run from its raw results (--out file), "
                     "in this version's format; with --write-docs, also into docs/howto/performance.md")
+    ap.add_argument("--ontime-baseline", metavar="DIR",
+                    help="also run the on-time row with the worker of the checkout in DIR (the 'before' figures)")
     ap.add_argument("--no-async-row", action="store_true", help="skip the 2 x 4 ASYNC_COMPLETIONS drain row")
     ap.add_argument("--db", default=os.environ.get("LQBENCH_DB", "leasequeue_bench"),
                     help="database name (dropped and recreated; default $LQBENCH_DB or leasequeue_bench)")
@@ -242,6 +250,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         peers_reps=1 if quick else (a.reps or 3), peers_lat_n=a.peers_lat_n or (10 if quick else 40),
         peers_dir=peers_dir,
         out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache, render=a.render,
+        ontime_baseline=a.ontime_baseline,
     )
 
 
@@ -317,12 +326,12 @@ class Workers:
     """``manage.py runworker`` subprocesses, each in its own process group."""
 
     def __init__(self, cfg: Config, processes: int, threads: int, *, args: list[str] = (),
-                 env: dict[str, str] | None = None, log_path: str) -> None:
+                 env: dict[str, str] | None = None, log_path: str, manage: str = MANAGE) -> None:
         self.cfg = cfg
         self.log_path = log_path
         self.log = open(log_path, "ab")
         full_env = {**os.environ, "LQBENCH_DB": cfg.db, "PYTHONUNBUFFERED": "1", **(env or {})}
-        cmd = [sys.executable, MANAGE, "runworker", "--concurrency", str(threads), "--queues", "default", *args]
+        cmd = [sys.executable, manage, "runworker", "--concurrency", str(threads), "--queues", "default", *args]
         self.procs = [subprocess.Popen(cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
                                        start_new_session=True) for _ in range(processes)]
 
@@ -625,6 +634,75 @@ def bench_latency(cfg: Config, dbs: Databases, notify: bool, workdir: str) -> li
         lats = [(start - enq) * 1000.0 for start, enq in read_stamps(stamps)]
         return {"p50_ms": percentile(lats, 50), "p99_ms": percentile(lats, 99), "max_ms": max(lats),
                 "samples": len(lats)}
+
+    return repeat(cfg, label, one)
+
+
+ONTIME_POLL = 10.0
+
+
+def bench_ontime(cfg: Config, dbs: Databases, workdir: str, baseline: str | None = None) -> list[dict]:
+    """How late jobs due later start: one idle 1 x 4 worker with ``POLL_INTERVAL = 10`` (``baseline``:
+    the ``bench/manage.py`` of another checkout runs it), fed over a few seconds with delayed enqueues,
+    retries and snoozes whose run times fall 0.3-3 s ahead. Lateness is ``attempted_at - run_at``
+    (database times; a retry's or snooze's run_at is the one it was given). The retries and snoozes
+    are written by this process as a holder would (``store.job_fail`` with a retry delay,
+    ``store.job_snooze``) on jobs it claimed itself, so they notify as this version's worker does; a
+    baseline worker gets the same notifications."""
+    label = "on time " + ("before" if baseline else "after")
+    manage = os.path.join(baseline, "bench", "manage.py") if baseline else MANAGE
+    n_delayed, n_retried, n_snoozed = (20, 4, 4) if cfg.quick else (60, 10, 10)
+
+    def one(rep: int) -> dict:
+        dbs.fresh()
+        from datetime import timedelta
+
+        from lqbench.tasks import noop
+
+        from django_leasequeue import store
+
+        with connect(cfg.db) as c:
+            workers = Workers(cfg, 1, 4, env={"LQBENCH_POLL_INTERVAL": str(ONTIME_POLL)}, manage=manage,
+                              log_path=os.path.join(workdir, f"ontime-{int(bool(baseline))}-{rep}.log"))
+            try:
+                workers.wait_registered(c)
+                # Jobs to retry or snooze, claimed by this process: due in a day, claimed "a day later".
+                far = store.db_now() + timedelta(days=1)
+                for _ in range(n_retried + n_snoozed):
+                    noop.using(run_at=far).enqueue()
+                held = list(store.job_claim(queues=["default"], limit=n_retried + n_snoozed, worker_id="bench:0:hold",
+                                            lease=300, now=far + timedelta(seconds=1), tasks=["bench.noop"]))
+                assert len(held) == n_retried + n_snoozed, len(held)
+                time.sleep(1.0)  # the worker's claims found nothing: it sleeps its idle wait
+                rng = random.Random(rep)
+                events = ["delay"] * n_delayed + ["retry"] * n_retried + ["snooze"] * n_snoozed
+                rng.shuffle(events)
+                for kind in events:
+                    time.sleep(rng.uniform(0.02, 0.08))
+                    ahead = rng.uniform(0.3, 3.0)
+                    if kind == "delay":
+                        noop.using(run_at=timedelta(seconds=ahead)).enqueue()
+                    elif kind == "retry":
+                        job = held.pop()
+                        assert store.job_fail(job.id, job.lease_version, {"type": "Bench"}, retry_delay=ahead)
+                    else:
+                        job = held.pop()
+                        assert store.job_snooze(job.id, job.lease_version, ahead, max_snoozes=5) == "ready"
+                total = len(events)
+                deadline = time.monotonic() + 3 * ONTIME_POLL
+                while c.execute("SELECT count(*) FROM leasequeue_job WHERE status = 'done'").fetchone()[0] < total:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{label}: not every job started in time; {workers.tail()}")
+                    workers.check_alive()
+                    time.sleep(0.05)
+                rows = c.execute("SELECT extract(epoch FROM attempted_at - run_at)::float8 * 1000, errors <> '[]', "
+                                 "snoozes > 0 FROM leasequeue_job").fetchall()
+            finally:
+                workers.stop()
+        late = [r[0] for r in rows]
+        again = [r[0] for r in rows if r[1] or r[2]]
+        return {"p50_ms": percentile(late, 50), "p99_ms": percentile(late, 99), "max_ms": max(late),
+                "min_ms": min(late), "retry_snooze_max_ms": max(again), "samples": len(late)}
 
     return repeat(cfg, label, one)
 
@@ -1004,6 +1082,7 @@ TARGETS = {
     "enqueue bulk": ">= 100,000 /s",
     "drain 2x4": ">= 15,000 /s and >= 3x best peer",
     "latency notify": "p50 <= 5 ms, p99 <= 20 ms",
+    "on time": "p99 <= 50 ms",
     "hot": ">= 90 %",
     "claim": "p50 within 2x of the 10k row",
 }
@@ -1105,6 +1184,16 @@ def report(cfg: Config, results: dict) -> str:
                 check = verdict(None if p50 is None or p99 is None else p50 <= 5 and p99 <= 20)
             w(f"| enqueue-to-start latency, {name}, p50 / p99 ms ({cfg.lat_n} jobs) | {spread(runs, 'p50_ms', 1)} / "
               f"{spread(runs, 'p99_ms', 1)} | {TARGETS['latency notify'] if notify else ''} | {check} |")
+    for when in ("before", "after"):
+        runs = results.get("ontime", {}).get(when)
+        if runs:
+            p99 = median([x["p99_ms"] for x in runs])
+            name = "this version" if when == "after" else "the `--ontime-baseline` worker"
+            w(f"| on time: start of jobs due later (delays, retries, snoozes) after their run_at, "
+              f"`POLL_INTERVAL = 10`, {name}, p50 / p99 / max ms ({runs[0]['samples']} jobs) | "
+              f"{spread(runs, 'p50_ms', 1)} / {spread(runs, 'p99_ms', 1)} / {spread(runs, 'max_ms', 1)} "
+              f"(earliest {spread(runs, 'min_ms', 1)}) | {TARGETS['on time'] if when == 'after' else ''} | "
+              f"{verdict(None if p99 is None else p99 <= 50) if when == 'after' else ''} |")
     if "hot" in results:
         runs = results["hot"]
         pct = [{"v": r["hot_ratio"] * 100 if r["hot_ratio"] is not None else None,
@@ -1295,6 +1384,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["profile"] = summarize_profile(glob.glob(base + ".*.txt"))
         if "latency" in cfg.sections:
             results["latency"] = {n: bench_latency(cfg, dbs, n, workdir) for n in (True, False)}
+        if "ontime" in cfg.sections:
+            results["ontime"] = {"after": bench_ontime(cfg, dbs, workdir)}
+            if cfg.ontime_baseline:
+                results["ontime"]["before"] = bench_ontime(cfg, dbs, workdir, baseline=cfg.ontime_baseline)
         if "hot" in cfg.sections:
             results["hot"] = bench_hot(cfg, dbs, workdir)
         if "claim" in cfg.sections:

@@ -6,6 +6,14 @@ name (far below PostgreSQL's 8000-byte limit) and PostgreSQL folds identical not
 transaction, so a bulk enqueue wakes a worker once per queue. Notifications are a latency
 optimisation only: the worker also polls, so a lost notification (connection drop, PgBouncer in
 transaction mode) delays a job by at most the poll interval.
+
+A job that becomes ready for later (an enqueue with a delay or a ``run_at``, a retry after its
+backoff, a snooze) notifies ``"<queue name> <run_at>"``, the run time as POSIX seconds of the
+database clock (``"emails 1767225600.25"``): one per queue and statement, with the earliest run
+time. A worker that already sleeps until an earlier time ignores it; otherwise it re-reads the
+earliest run time of its queues and sleeps until then (:func:`parse_payload`). A space cannot occur
+in a queue name, so a worker of an older version, which compares the whole payload with its queue
+names, ignores these notifications (one serving every queue wakes, claims nothing and sleeps again).
 """
 
 from __future__ import annotations
@@ -34,6 +42,25 @@ def listen_connection(alias: str, channel: str) -> psycopg.Connection[Any]:
     return conn
 
 
+def parse_payload(payload: str) -> tuple[str, float | None]:
+    """Split a notification payload into the queue name and the run time it announces.
+
+    Args:
+        payload: ``"<queue>"`` (a job is due now) or ``"<queue> <POSIX seconds>"`` (a job is due then).
+
+    Returns:
+        ``(queue, None)`` or ``(queue, run_at as POSIX seconds)``. A time that does not parse is
+        treated as "due now" (``None``), so a malformed notification costs a claim, never a missed job.
+    """
+    queue, sep, when = payload.partition(" ")
+    if not sep:
+        return queue, None
+    try:
+        return queue, float(when)
+    except ValueError:
+        return queue, None
+
+
 class Wakeable(Protocol):
     """What the listener needs of the service it wakes (a
     :class:`~django_leasequeue.worker.WorkerService`)."""
@@ -49,10 +76,14 @@ class Wakeable(Protocol):
     def wake(self) -> None:
         """Cut the service's current wait short."""
 
+    def wake_for_run_at(self, at: float) -> None:
+        """A job of a served queue becomes due at ``at`` (POSIX seconds, database clock): cut the
+        wait short unless it already ends by then."""
+
 
 class Listener(Service):
     """Wakes a :class:`~django_leasequeue.worker.WorkerService` when a notification names one of
-    its queues."""
+    its queues: at once for a due job, through ``wake_for_run_at`` for one due later."""
 
     name = "listener"
 
@@ -71,8 +102,12 @@ class Listener(Service):
         try:
             for note in self._conn.notifies(timeout=0.5):
                 self.received += 1
-                if queues is None or note.payload in queues:
-                    self.worker.wake()
+                queue, at = parse_payload(note.payload)
+                if queues is None or queue in queues:
+                    if at is None:
+                        self.worker.wake()
+                    else:
+                        self.worker.wake_for_run_at(at)
                 if self.stopping:
                     break
         except psycopg.Error:

@@ -75,10 +75,13 @@ from .claim import (
     JOB_CLAIM,
     JOB_CLAIM_ANY_QUEUE,
     JOB_DEAD_CORRUPT,
+    JOB_NEXT_RUN_AT,
     ClaimedJob,
     ClaimResult,
+    NextRunAt,
     _decode_claims,
     job_claim,
+    job_next_run_at,
 )
 from .enqueue import (
     JOB_INSERT,
@@ -262,6 +265,7 @@ __all__ = [
     "JOB_INSERT_REPLACING", "job_insert_replacing",
     "SEQUENCE_HALTED", "SEQUENCE_LOCK", "SEQUENCE_LOCK_NAMESPACE", "SEQUENCE_SKIP", "HaltedSequenceInfo",
     "sequence_halted", "sequence_locked", "sequence_skip",
+    "JOB_NEXT_RUN_AT", "NextRunAt", "job_next_run_at",
 ]
 __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
             "schedule_record_paused"]

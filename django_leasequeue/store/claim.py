@@ -457,3 +457,95 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
                     jobs.corrupt.append((job_id, task, reason))
     return jobs
 
+
+
+# The earliest run_at among the future ready jobs of some queues: how long an idle worker may sleep
+# before a job it serves becomes due. leasequeue_job_ready is (queue, priority DESC, run_at, id),
+# so min(run_at) over a queue would read every ready row of it (a large backlog scheduled for
+# later makes that a long scan on every idle turn). Instead a skip scan walks the distinct
+# priorities of each queue (one index probe each, by the recursive CTE ``levels``) and takes the
+# first later run_at of each (queue, priority) pair, again one probe: a handful of probes
+# whatever the backlog, and no index of its own to maintain on every enqueue. The worker of every
+# queue first walks the distinct queues the same way (``{served}``). "Later" is after the start of
+# the worker's claim that found nothing (%(since)s seconds ago): a job that became due between that
+# claim and this look-up comes back (due: the worker claims again at once), and one that was due at
+# the claim is the claim's business (one it did not take, a busy concurrency key, must not make the
+# worker spin). Paused queues are left out (their resume notifies). Always one row: the clock reading
+# comes back too, so the worker can tell when its wait ends in database time.
+JOB_NEXT_RUN_AT = f"""
+WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
+{{served}},
+levels(queue, priority) AS (
+    SELECT s.queue, (SELECT j.priority FROM {JOB_TABLE} j WHERE j.status = 'ready' AND j.queue = s.queue
+                     ORDER BY j.priority DESC LIMIT 1)
+    FROM served s
+    WHERE NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = s.queue AND p.paused)
+    UNION ALL
+    SELECT l.queue, (SELECT j.priority FROM {JOB_TABLE} j WHERE j.status = 'ready' AND j.queue = l.queue
+                     AND j.priority < l.priority ORDER BY j.priority DESC LIMIT 1)
+    FROM levels l WHERE l.priority IS NOT NULL
+)
+SELECT extract(epoch FROM c.now)::float8, extract(epoch FROM n.run_at)::float8
+FROM clock c, LATERAL (
+    SELECT min((SELECT j.run_at FROM {JOB_TABLE} j
+                WHERE j.status = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                  AND j.run_at > c.now - make_interval(secs => %(since)s::float8)
+                ORDER BY j.run_at LIMIT 1)) AS run_at
+    FROM levels l WHERE l.priority IS NOT NULL
+) AS n
+"""
+_SERVED_NAMED = "served AS (SELECT DISTINCT unnest(%(queues)s::text[]) AS queue)"
+_SERVED_ALL = f"""queues(queue) AS (
+    (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {JOB_TABLE} j WHERE j.status = 'ready' AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+),
+served AS (SELECT queue FROM queues WHERE queue IS NOT NULL)"""
+_NEXT_RUN_AT = {named: JOB_NEXT_RUN_AT.format(served=_SERVED_NAMED if named else _SERVED_ALL)
+                for named in (True, False)}
+
+
+@dataclass(frozen=True)
+class NextRunAt:
+    """The earliest future ``run_at`` of the ready jobs of some queues, with the clock reading.
+
+    Times are POSIX seconds of the database clock, comparable with the run times that enqueue,
+    retry and snooze notifications carry.
+
+    Attributes:
+        now: the database clock when it was read.
+        at: the earliest ``run_at`` after the look-up's start (usually after ``now``), or None
+            when no such job exists.
+    """
+
+    now: float
+    at: float | None
+
+    @property
+    def seconds(self) -> float | None:
+        """Seconds from ``now`` until ``at`` (<= 0 for a job that became due during the look-up),
+        or None when no job is due later."""
+        return None if self.at is None else self.at - self.now
+
+
+def job_next_run_at(queues: Sequence[str] | None, *, since: float = 0.0, now: datetime | None = None,
+                    alias: str | None = None) -> NextRunAt:
+    """The earliest ``run_at`` after ``now - since`` among the ready jobs of ``queues``, paused
+    queues left out.
+
+    Args:
+        queues: queue names, or None for every queue.
+        since: seconds (>= 0) before now that the look-up starts from: how long ago the claim
+            that found nothing started, so that a job that became due since is found (its
+            ``at`` is then at or before ``now``).
+        now: an aware datetime standing in for the database clock (tests); None: the database's.
+        alias: the database alias (None: the configured one).
+
+    Returns:
+        A :class:`NextRunAt` (its ``at`` is None when no ready job of those queues is due later).
+    """
+    params = {"now": now, "queues": list(queues) if queues is not None else None, "since": max(0.0, float(since))}
+    row = _run(_NEXT_RUN_AT[queues is not None], params, alias=alias).one()
+    return NextRunAt(now=row[0], at=row[1])

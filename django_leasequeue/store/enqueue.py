@@ -63,7 +63,9 @@ _INSERT_COLUMNS = ("task, queue, priority, status, args, kwargs, run_at, attempt
 # uncommitted transaction PostgreSQL waits for it, so a rolled-back racer never blocks the survivor.
 # One NOTIFY per distinct due queue: PostgreSQL also folds identical notifications within a
 # transaction, so a bulk enqueue sends a handful, not one per job; the payload is only the queue
-# name, far below the 8000-byte limit.
+# name, far below the 8000-byte limit. Jobs due later send one NOTIFY per queue too, with the
+# earliest run_at of that queue's new jobs: "<queue> <run_at as POSIX seconds>" (see
+# :mod:`django_leasequeue.notify`), so that a sleeping worker wakes at that time, not a poll later.
 JOB_INSERT = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ins AS (
@@ -92,8 +94,14 @@ woken AS (
     SELECT pg_notify(%(channel)s, q.queue)
     FROM (SELECT DISTINCT ins.queue FROM ins, clock WHERE ins.run_at <= clock.now) AS q
     WHERE %(notify)s
+),
+woken_later AS (
+    SELECT pg_notify(%(channel)s, f.queue || ' ' || extract(epoch FROM f.run_at)::text)
+    FROM (SELECT ins.queue, min(ins.run_at) AS run_at FROM ins, clock WHERE ins.run_at > clock.now
+          GROUP BY ins.queue) AS f
+    WHERE %(notify)s
 )
-SELECT {_RETURNING}, (SELECT count(*) FROM woken) AS woken FROM ins
+SELECT {_RETURNING}, (SELECT count(*) FROM woken) + (SELECT count(*) FROM woken_later) AS woken FROM ins
 """
 
 
@@ -102,7 +110,8 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     """Insert jobs in the caller's transaction; return the inserted rows as :class:`Job` objects.
 
     Jobs whose unique key is already taken are skipped (not returned). A NOTIFY on ``channel`` with
-    the queue name is sent for due queues when ``notify`` is true (delivered at commit).
+    the queue name is sent for due queues when ``notify`` is true (delivered at commit), and one with
+    the queue name and the earliest ``run_at`` for queues whose new jobs are due later.
     """
     if not jobs:
         return []
@@ -141,7 +150,8 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
 # One job: scalar parameters, not the unnest of fifteen one-element arrays, and no CTEs: this plain
 # INSERT ... SELECT plans and runs in about half the time of the array form (a large part of an enqueue). The
 # clock is read once, in the FROM subquery; created_at is that reading, so "due" is run_at <=
-# created_at, and the NOTIFY (delivered at commit) is sent from RETURNING. RETURNING gives back only
+# created_at, and the NOTIFY (delivered at commit) is sent from RETURNING (with the run time when
+# the job is due later, as in JOB_INSERT). RETURNING gives back only
 # what the database decided (id, run_at, created_at); the caller builds the Job from what it sent.
 JOB_INSERT_ONE = f"""
 INSERT INTO {JOB_TABLE} (
@@ -157,7 +167,9 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
 FROM ({CLOCK}) AS clock
 {{on_conflict}}
 RETURNING id, run_at, created_at,
-          CASE WHEN %(notify)s AND run_at <= created_at THEN pg_notify(%(channel)s, %(queue)s) END
+          CASE WHEN NOT %(notify)s THEN NULL
+               WHEN run_at <= created_at THEN pg_notify(%(channel)s, %(queue)s)
+               ELSE pg_notify(%(channel)s, %(queue)s::text || ' ' || extract(epoch FROM run_at)::text) END
 """
 # ON CONFLICT only for jobs with a unique key: without one nothing can conflict (the id comes from
 # the sequence), and ON CONFLICT makes every row a speculative insertion (an extra WAL record and a
@@ -174,7 +186,8 @@ _ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "
 def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
                    alias: str | None = None) -> Job | None:
     """Insert one job in the caller's transaction (see :func:`job_insert`); return it, or None when
-    its unique key is already taken. NOTIFY on ``channel`` with the queue name when it is due."""
+    its unique key is already taken. NOTIFY on ``channel`` with the queue name when it is due, with
+    the queue name and its ``run_at`` when it is due later."""
     alias = alias or db_alias()
     params = {name: getattr(job, name) for name in _ONE_FIELDS}
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
@@ -203,7 +216,8 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
 # Many jobs of one task with the same options (enqueue_many): the arguments travel as ONE JSON
 # array per kind (args, kwargs) expanded by jsonb_array_elements, instead of one array parameter
 # per column that the client quotes element by element; the order of the list is kept (ids follow
-# it). One NOTIFY when the jobs are due. Returns the count and, when asked, the new ids as text.
+# it). One NOTIFY when the jobs are due, or one with their run time when they are due later.
+# Returns the count and, when asked, the new ids as text.
 JOB_INSERT_MANY = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ins AS (
@@ -225,9 +239,14 @@ woken AS (
     SELECT pg_notify(%(channel)s, %(queue)s)
     FROM (SELECT 1 FROM ins, clock WHERE ins.run_at <= clock.now LIMIT 1) AS due
     WHERE %(notify)s
+),
+woken_later AS (
+    SELECT pg_notify(%(channel)s, %(queue)s::text || ' ' || extract(epoch FROM later.run_at)::text)
+    FROM (SELECT min(ins.run_at) AS run_at FROM ins, clock WHERE ins.run_at > clock.now) AS later
+    WHERE %(notify)s AND later.run_at IS NOT NULL
 )
 SELECT count(*), CASE WHEN %(want_ids)s THEN string_agg(id::text, ',' ORDER BY id) END,
-       (SELECT count(*) FROM woken)
+       (SELECT count(*) FROM woken) + (SELECT count(*) FROM woken_later)
 FROM ins
 """
 

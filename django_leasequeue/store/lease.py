@@ -179,6 +179,23 @@ def job_lock_for_commit(job_id: int, version: int, *, alias: str | None = None) 
     return "cancel_requested" if row[1] else "held"
 
 
+# A job put back to ready by its holder (a retry, a snooze) wakes the workers that sleep past its
+# run_at: a NOTIFY "<queue> <run_at as POSIX seconds>" (the queue name alone when it is due at once),
+# delivered at commit, when %(channel)s is not NULL (the NOTIFY setting). See
+# :mod:`django_leasequeue.notify` for the payload.
+_WAKE_RETRY = """CASE WHEN %(channel)s::text IS NOT NULL AND j.status = 'ready'
+         THEN pg_notify(%(channel)s, CASE WHEN j.run_at <= clock.now THEN j.queue
+                                          ELSE j.queue || ' ' || extract(epoch FROM j.run_at)::text END) END"""
+
+
+def _notify_channel() -> str | None:
+    """The channel a retry or snooze notifies on, or None when notifications are off."""
+    from ..conf import get_settings
+
+    settings = get_settings()
+    return settings.notify_channel if settings.notify else None
+
+
 # Record a failed attempt: retry after ``delay`` seconds (database time), or dead-letter the job
 # when its attempts are exhausted or no delay is given (a non-retryable failure). The error entry
 # gets the database time appended. Fenced like every other worker write. A job whose cancel was
@@ -197,7 +214,7 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     errors = j.errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', clock.now))
 FROM clock
 WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
-RETURNING j.status, j.run_at
+RETURNING j.status, j.run_at, {_WAKE_RETRY}
 """
 
 
@@ -209,12 +226,16 @@ def job_fail(job_id: int, version: int, error: dict[str, Any], *, retry_delay: f
         error: JSON-able dict (attempt, type, message, traceback, worker); ``at`` is added.
         retry_delay: seconds until the retry, or None to dead-letter at once (non-retryable).
 
+    A retry sends a NOTIFY ``"<queue> <run_at>"`` when the ``NOTIFY`` setting is on (delivered at
+    commit), so that idle workers wake for it.
+
     Returns:
         ``(new status, run_at)`` (status ``ready``, ``dead``, or ``cancelled`` when a cancel was
         requested), or None when the lease was lost (nothing was written).
     """
     params = {"now": now, "id": job_id, "version": version, "error": _dumps(error),
               "delay": None if retry_delay is None else float(retry_delay)}
+    params["channel"] = _notify_channel() if retry_delay is not None else None
     row = _run(JOB_FAIL, params, alias=alias).one()
     return (row[0], row[1]) if row else None
 
@@ -243,7 +264,7 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
              ELSE j.errors END
 FROM clock
 WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'leased'
-RETURNING j.status
+RETURNING j.status, {_WAKE_RETRY}
 """
 
 
@@ -251,12 +272,15 @@ def job_snooze(job_id: int, version: int, seconds: float, *, max_snoozes: int, n
                alias: str | None = None) -> str | None:
     """Put a leased job back to ready in ``seconds`` without counting a failed attempt.
 
+    Sends a NOTIFY ``"<queue> <run_at>"`` when the ``NOTIFY`` setting is on (delivered at commit),
+    so that idle workers wake for it.
+
     Returns:
         The new status (``ready``; ``dead`` past ``max_snoozes``; ``cancelled`` when a cancel was
         requested), or None if the lease was lost.
     """
     row = _run(JOB_SNOOZE, {"now": now, "id": job_id, "version": version, "seconds": float(seconds),
-                             "max_snoozes": max_snoozes}, alias=alias).one()
+                             "max_snoozes": max_snoozes, "channel": _notify_channel()}, alias=alias).one()
     return row[0] if row else None
 
 

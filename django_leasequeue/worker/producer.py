@@ -53,6 +53,11 @@ class Producer:
         self.short_claim = False
         # The last round claimed nothing and the pool holds no job.
         self.drained = False
+        # The last round ran a claim that found nothing due (not saturated, not throttled): the
+        # worker then looks up when its next job is due.
+        self.found_nothing = False
+        # time.monotonic() at the start of the last claim statement.
+        self.claim_started = 0.0
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -72,6 +77,7 @@ class Producer:
             waits its idle wait; :attr:`drained` tells whether the pool is empty too).
         """
         self.drained = False
+        self.found_nothing = False
         now = time.monotonic()
         if now < self._throttled_until:
             # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
@@ -89,6 +95,7 @@ class Producer:
                 pool.saturated = True
                 return None
             want = pool.concurrency + extra - held
+        self.claim_started = time.monotonic()
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.tasks())
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
@@ -116,4 +123,5 @@ class Producer:
         if jobs:
             return 0.0
         self.drained = idle
+        self.found_nothing = True
         return None

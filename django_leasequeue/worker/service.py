@@ -13,7 +13,8 @@ A prefetched job is leased and heartbeated like a running one; if no thread star
 ``PREFETCH_RELEASE_AFTER`` seconds (a long job got in the way) it is released back to ``ready`` at
 once (token bumped, not an attempt) for other workers; no thread starts it later than that, nor
 once its lease is known lost (the process was frozen, say). The claim loop sleeps until a NOTIFY,
-freed threads (only when it was saturated) or the poll interval.
+freed threads (only when it was saturated), the earliest future ``run_at`` of its queues or the poll
+interval, whichever comes first (see :meth:`WorkerService.wake_for_run_at`).
 
 A handler past its task's ``timeout`` cannot be stopped in thread mode: the attempt is marked
 timed out (a ``timed_out`` history entry), but the job stays leased and renewed and the handler
@@ -171,6 +172,11 @@ class WorkerService(RegisteredService):
         # Set along with stop() when the worker decides to exit (run_services' stop_when), so
         # that the other services of the process stop too.
         self.exit_event: threading.Event | None = None
+        # When the current idle wait ends, as POSIX seconds of the database clock; None while it
+        # is not known (claiming, saturated, looking up the next run_at): then every notification
+        # of a job due later wakes the loop, which cannot miss one that way.
+        self._wait_ends_at: float | None = None
+        self._wait_lock = threading.Lock()
 
     @property
     def claimed(self) -> int:
@@ -258,6 +264,8 @@ class WorkerService(RegisteredService):
                     self.queues or "*", self.concurrency, self.lease)
 
     def run_once(self) -> float:
+        with self._wait_lock:
+            self._wait_ends_at = None  # until _idle_wait knows the new one
         now = time.monotonic()
         if self.reap and now >= self._next_reap:
             self._next_reap = now + self.reaper.interval
@@ -272,13 +280,39 @@ class WorkerService(RegisteredService):
             return 0.0
         return self._idle_wait()
 
+    def wake_for_run_at(self, at: float) -> None:
+        """A job of a served queue becomes ready for ``at`` (a notification of a delayed enqueue, a
+        retry or a snooze; called by the listener's thread): cut the idle wait short unless it ends
+        by then anyway, so that the loop claims (nothing yet) and sleeps until the new earliest
+        ``run_at``.
+
+        Args:
+            at: the job's ``run_at`` as POSIX seconds of the database clock.
+        """
+        with self._wait_lock:
+            ends = self._wait_ends_at
+        if ends is None or at < ends:
+            self.wake()
+
     def _idle_wait(self) -> float:
         """Seconds to wait before the next claim: the poll interval, cut short by the next reaper
-        sweep. Without the cut a worker polling every 30 s (it relies on NOTIFY) would also reap
+        sweep and, after a claim that found nothing due, by the earliest future ``run_at`` of the
+        worker's queues (by the database clock, so the job is due when the loop claims again).
+        Without the reaper cut a worker polling every 30 s (it relies on NOTIFY) would also reap
         only every 30 s, and a dead peer's jobs would wait that long beyond their lease."""
-        if not self.reap:
-            return self.poll_interval
-        return max(0.0, min(self.poll_interval, self._next_reap - time.monotonic()))
+        wait = self.poll_interval
+        if self.reap:
+            wait = max(0.0, min(wait, self._next_reap - time.monotonic()))
+        if not self.producer.found_nothing:
+            return wait  # saturated: freed threads wake the loop, and no thread could take a job
+        # From the start of that claim: a job that became due since is not skipped (wait 0).
+        nxt = store.job_next_run_at(self.queues, since=time.monotonic() - self.producer.claim_started,
+                                    alias=self.alias)
+        if nxt.seconds is not None:
+            wait = max(0.0, min(wait, nxt.seconds))
+        with self._wait_lock:
+            self._wait_ends_at = nxt.now + wait
+        return wait
 
     def on_stop(self) -> None:
         if self.listener is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from django_leasequeue import JobContext, Snooze, task
+from django_leasequeue import Backoff, JobContext, Snooze, task
 from django_leasequeue.store import db_now
 
 from .models import Probe
@@ -143,3 +143,13 @@ def tenant_job(tenant: str, seq: int, seconds: float = 0.0) -> int:
     if seconds:
         time.sleep(seconds)
     return seq
+
+
+@task(name="flowlab.fail_once", queue="flow", takes_context=True, max_attempts=2,
+      backoff=Backoff(base=1.5, jitter=0))
+def fail_once(context: JobContext, key: str) -> str:
+    """Fail the first attempt (retried 1.5 s later, no jitter), succeed on the second."""
+    probe(context, key, "run")
+    if context.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return "second time lucky"

@@ -191,21 +191,24 @@ def test_enqueue_many_with_one_unique_key_inserts_one_job():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueue_notifies_once_per_statement_and_only_when_due():
+def test_enqueue_notifies_once_per_statement_and_due_later_with_the_run_at():
     import psycopg
 
-    from django_leasequeue.notify import listen_connection
+    from django_leasequeue.notify import listen_connection, parse_payload
 
     conn = listen_connection("default", "leasequeue")
     try:
         enqueue_many(flaky_sync, [["a"]] * 500)
         flaky_sync.enqueue("b")
-        flaky_sync.using(run_at=timedelta(hours=1)).enqueue("later")
+        later = flaky_sync.using(run_at=timedelta(hours=1)).enqueue("later")
         enqueue_many(flaky_sync, [["c"]] * 3, run_at=timedelta(hours=1))
-        notes = [n.payload for n in conn.notifies(timeout=0.5, stop_after=10)]
+        notes = [parse_payload(n.payload) for n in conn.notifies(timeout=0.5, stop_after=10)]
     finally:
         conn.close()
-    assert notes == ["default", "default"]
+    bulk_at = Job.objects.filter(args=["c"]).values_list("run_at", flat=True).distinct().get()
+    # Jobs due later notify "<queue> <run_at>" (one per statement), so sleeping workers wake at that time.
+    assert notes == [("default", None), ("default", None), ("default", later.run_at.timestamp()),
+                     ("default", bulk_at.timestamp())]
     assert isinstance(conn, psycopg.Connection)
 
 

@@ -499,6 +499,7 @@ FLOW_VARIANTS = [
     ("rate limit per key (1,000 keys, 100000/s)", "flow_rate_key", {}),
     ("fair claiming (1,000 keys)", "flow_fair", {"LQBENCH_FAIR": "1"}),
     ("concurrency limit per key (100 keys, limit 5)", "flow_conc", {}),
+    ("sequences (1,000 keys)", "flow_seq", {}),
 ]
 
 
@@ -513,11 +514,14 @@ def bench_flow(cfg: Config, dbs: Databases, workdir: str) -> dict[str, list[dict
 
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in FLOW_VARIANTS}
     for rep in range(1, cfg.reps + 1):
-        plain_rate = None
-        for label, task_name, env in FLOW_VARIANTS:
+        # Rotate the order each repetition, so that no variant always runs first (or last) while the
+        # machine warms up or other processes come and go; ratios are to the same repetition's plain.
+        shift = (rep - 1) % len(FLOW_VARIANTS)
+        rates: dict[str, float] = {}
+        for label, task_name, env in FLOW_VARIANTS[shift:] + FLOW_VARIANTS[:shift]:
             db = dbs.fresh()
             with connect(db) as c:
-                store.queue_pause("default", by="bench")
+                store.queue_pause("default", by="bench", wait=False)
                 enqueue_many(getattr(tasks, task_name), [[i] for i in range(cfg.jobs)])
                 c.execute("ANALYZE leasequeue_job")
                 workers = Workers(cfg, 1, 4, env=env, log_path=os.path.join(workdir, f"flow-{task_name}-{rep}.log"))
@@ -534,13 +538,14 @@ def bench_flow(cfg: Config, dbs: Databases, workdir: str) -> dict[str, list[dict
                         time.sleep(0.05)
                 finally:
                     workers.stop()
-                done, first, last = c.execute(
-                    "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at) "
-                    "FROM leasequeue_job").fetchone()
-            if done != cfg.jobs:
-                raise RuntimeError(f"flow {label}: {done} of {cfg.jobs} jobs done")
-            rate = done / (last - first).total_seconds()
-            plain_rate = plain_rate or rate
+                done, first, last, attempts = c.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at), "
+                    "sum(attempts) FROM leasequeue_job").fetchone()
+            if done != cfg.jobs or attempts != cfg.jobs:
+                raise RuntimeError(f"flow {label}: {done} of {cfg.jobs} jobs done in {attempts} attempts")
+            rates[label] = done / (last - first).total_seconds()
+        plain_rate = rates[FLOW_VARIANTS[0][0]]
+        for label, rate in rates.items():
             runs[label].append({"jobs_per_s": rate, "vs_plain": rate / plain_rate})
             log(f"flow {label} rep {rep}/{cfg.reps}: {rate:,.0f} jobs/s ({rate / plain_rate:.2f} x plain)")
     return runs

@@ -78,6 +78,12 @@ def flow_conc(i: int) -> None:
     """No-op with one of 100 concurrency keys, at most 5 leased each."""
 
 
+@task(name="bench.flow_seq", sequence_key=lambda i: f"s{i % 1000}")
+def flow_seq(i: int) -> None:
+    """No-op in one of 1,000 sequences (keys round-robin over the job numbers, so every claim finds
+    heads of many keys; at most one job per key runs at a time)."""
+
+
 @task(name="bench.flow_plain")
 def flow_plain(i: int) -> None:
     """The flow section's reference: the same no-op and argument, no key."""

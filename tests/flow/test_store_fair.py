@@ -111,3 +111,20 @@ def test_fair_option_errors():
         build({"QUEUES": {"tenants": {"fair": "yes"}}})
     with pytest.raises(ConfigurationError, match="'fair' and 'rate_limit' cannot be combined"):
         build({"QUEUES": {"tenants": {"fair": True, "rate_limit": "5/s"}}})
+
+
+def test_a_fair_queue_keeps_the_sequence_rule_in_both_of_its_scans():
+    # Fair-keyed jobs (the per-key scan) and keyless ones (the keyless group's scan), each in a
+    # sequence: only the head of a sequence is claimed, whatever the round-robin offers.
+    from flowlab.tasks import seq_step
+
+    store.job_insert([build_job(tenant_job.using(sequence_key="s-fair"), ["a", i], queue="fair") for i in range(3)]
+                     + [build_job(tenant_job.using(sequence_key="s-fair"), ["b", 10 + i], queue="fair")
+                        for i in range(3)]
+                     + [build_job(seq_step, [], {"account": "x", "n": i}, queue="fair") for i in range(3)],
+                     notify=False, channel="unused")
+    jobs = claim(10)
+    assert sorted((j.task, j.args, j.kwargs.get("n")) for j in jobs) == [
+        ("flowlab.seq_step", [], 0), ("flowlab.tenant_job", ["a", 0], None)]
+    assert Job.objects.filter(status="leased").count() == 2
+    assert claim(10) == []  # both heads are leased: nothing behind them may start

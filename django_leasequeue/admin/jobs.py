@@ -53,7 +53,9 @@ class JobAdmin(_JobAdminBase):
     change_form_template = "admin/django_leasequeue/job/change_form.html"
     fieldsets = (
         (None, {"fields": (("id", "status_badge"), ("task", "queue", "priority"), ("unique_key", "unique_scope"),
-                           ("schedule", "occurrence_at", "concurrency_key"))}),
+                           ("schedule", "occurrence_at"))}),
+        ("Flow control", {"fields": (("concurrency_key", "concurrency_limit"), ("sequence_key", "sequence_halts"),
+                                     ("rate_key", "rate_limit_n", "rate_limit_secs"), "fair_key")}),
         ("Arguments", {"fields": ("args_pretty", "kwargs_pretty")}),
         ("Errors", {"fields": ("errors_display",)}),
         ("History", {"fields": ("history_display",)}),

@@ -27,12 +27,14 @@ from django.db import migrations, models
 #   inline with strpos() before calling this function: a backlog of one used-up key is skipped at
 #   the cost of reading its rows, not a plpgsql call per row.
 #
-# The result is conservative, never over: an admission whose row is then skipped by SKIP LOCKED,
-# re-checked after a concurrent update, or trimmed by the claim's outer LIMIT stays in the log, so
+# The result is conservative, never over. A candidate another claim of the key leased since this
+# statement's snapshot is seen as such (the fresh re-read of p_job) and not admitted. An admission
+# whose row is then skipped by SKIP LOCKED (locked by something else than a claim of the key), or
+# trimmed by the claim's outer LIMIT stays in the log, so
 # a key may run fewer jobs than its limit in a window, never more. Keyless jobs never call it.
 RATE_ADMIT_FUNCTION = """
 CREATE OR REPLACE FUNCTION leasequeue_rate_admit(p_key text, p_n integer, p_secs double precision,
-                                                 p_now timestamptz, p_claim text)
+                                                 p_now timestamptz, p_claim text, p_job bigint)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     closed text := current_setting('leasequeue.rate_closed', true);
@@ -51,6 +53,13 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(1279395154, hashtext(p_key)) THEN
         PERFORM set_config('leasequeue.rate_closed',
             current_setting('leasequeue.rate_closed', true) || hashtext(p_key)::text || ';', true);
+        RETURN false;
+    END IF;
+    -- Holding the lock, re-read the candidate on a fresh snapshot: a claim of this key that
+    -- committed after this statement's snapshot may have leased it already. Its row would then
+    -- fail the re-check after FOR UPDATE, and an admission counted for it would be lost to the
+    -- window (with several claimers of a key, most of its allowance).
+    IF NOT EXISTS (SELECT 1 FROM leasequeue_job WHERE id = p_job AND status = 'ready') THEN
         RETURN false;
     END IF;
     -- One statement in the common case: count the window and, when it has room, log this
@@ -146,6 +155,6 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(
             RATE_ADMIT_FUNCTION,
-            "DROP FUNCTION IF EXISTS leasequeue_rate_admit(text, integer, double precision, timestamptz, text);",
+            "DROP FUNCTION IF EXISTS leasequeue_rate_admit(text, integer, double precision, timestamptz, text, bigint);",
         ),
     ]

@@ -30,7 +30,7 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
   rejected by the inline ``strpos()`` before any function call: the look-ahead past a full key's
   backlog costs about as much as reading the rows, not a plpgsql call per row.
 * the per-key rate admission (after the concurrency admission): a candidate with a rate key calls
-  ``leasequeue_rate_admit()`` (migration 0008), which serialises the claimers of the key the same
+  ``leasequeue_rate_admit()`` (migration 0010), which serialises the claimers of the key the same
   way and logs the admission in the key's sliding log (``leasequeue_rate_key``); used-up keys are
   listed in ``leasequeue.rate_closed`` and rejected inline by ``strpos()``. An admission whose row
   is then skipped (SKIP LOCKED, the outer LIMIT) stays counted: fewer jobs, never more.
@@ -121,7 +121,8 @@ picked AS MATERIALIZED (
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.rate_closed', true),
                                    ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                             %(claim)s, j.id)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -173,7 +174,8 @@ picked AS MATERIALIZED (
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.rate_closed', true),
                                ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                         %(claim)s, j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED

@@ -100,7 +100,8 @@ picked AS MATERIALIZED (
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.rate_closed', true),
                                    ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                             %(claim)s, j.id)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED
@@ -209,7 +210,8 @@ unrated AS MATERIALIZED (
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.rate_closed', true),
                                ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                         %(claim)s, j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -237,7 +239,8 @@ rated AS MATERIALIZED (
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.rate_closed', true),
                                    ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                             %(claim)s, j.id)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED

@@ -111,7 +111,8 @@ picked AS MATERIALIZED (
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.rate_closed', true),
                                    ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                             %(claim)s, j.id)))
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT share.per
         FOR UPDATE SKIP LOCKED
@@ -137,7 +138,8 @@ keyless AS MATERIALIZED (
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.rate_closed', true),
                                ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                         %(claim)s, j.id)))
     -- The queue as a constant and fair_key (NULL here) leading the ORDER BY make it the index's
     -- order: otherwise the planner may sort every keyless ready job of the queue on each claim.
     ORDER BY j.fair_key, j.priority DESC, j.run_at, j.id

@@ -37,7 +37,8 @@ picked AS MATERIALIZED (
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.rate_closed', true),
                                ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now, %(claim)s)))
+               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                         %(claim)s, j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     FOR UPDATE OF j SKIP LOCKED
 )

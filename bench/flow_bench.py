@@ -112,7 +112,7 @@ def main() -> None:
 
     no_predicate_sql = claim_sql.JOB_CLAIM
     for column in ("concurrency_key", "rate_key"):
-        predicate = re.search(rf"\n *AND \(j\.{column} IS NULL.*?%\(claim\)s\)\)\)", no_predicate_sql, re.S)
+        predicate = re.search(rf"\n *AND \(j\.{column} IS NULL.*?%\(claim\)s(, j\.id)?\)\)\)", no_predicate_sql, re.S)
         assert predicate is not None
         no_predicate_sql = no_predicate_sql.replace(predicate.group(0), "")
     sequence_rule = re.search(r"\n *AND \(j\.sequence_key IS NULL.*?'leased'\)\)\)", no_predicate_sql, re.S)

@@ -208,6 +208,16 @@ def task(func: Callable[..., Any] | None = None, *, name: str | None = None, que
     return register(func) if func is not None else register
 
 
+def _template_hint(key_option: Any, exc: Exception) -> str:
+    """A hint for a key template that names an argument the call did not pass by that name: a
+    template is formatted with the call's own arguments, positional ones by index."""
+    if isinstance(key_option, str) and isinstance(exc, KeyError | IndexError):
+        return (" (a key template is formatted with the enqueue's own arguments: keyword arguments by "
+                "name, positional ones by index, '{0}' for the first; pass the argument by name or use "
+                "a callable)")
+    return ""
+
+
 #: The values of ``@task(sequence_on_dead=...)``.
 SEQUENCE_ON_DEAD = ("halt", "continue")
 
@@ -245,7 +255,8 @@ def _sequence_key(task_spec: TaskSpec[..., Any], args: Sequence[Any], kwargs: Ma
     try:
         key = str(template(*args, **kwargs)) if callable(template) else template.format(*args, **kwargs)
     except Exception as exc:
-        raise EnqueueError(f"task {task_spec.name!r}: sequence_key failed on these arguments: {exc!r}")
+        raise EnqueueError(f"task {task_spec.name!r}: sequence_key failed on these arguments: {exc!r}"
+                           f"{_template_hint(task_spec.sequence_key, exc)}")
     check_name(key, f"task {task_spec.name!r}: sequence_key", 255)
     return key
 
@@ -338,7 +349,8 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
             else:
                 conc_key = task_spec.concurrency_key.format(*args, **kwargs)
         except Exception as exc:
-            raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}")
+            raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}"
+                               f"{_template_hint(task_spec.concurrency_key, exc)}")
         check_name(conc_key, f"task {task_spec.name!r}: concurrency_key", 255)
     seq_key = _sequence_key(task_spec, args, kwargs)
     rate = task_spec.rate_limit
@@ -370,7 +382,8 @@ def _job_key(task_spec: TaskSpec[..., Any], option: str, args: Sequence[Any], kw
     try:
         key = str(spec(*args, **kwargs)) if callable(spec) else spec.format(*args, **kwargs)
     except Exception as exc:
-        raise EnqueueError(f"task {task_spec.name!r}: {option} failed on these arguments: {exc!r}") from None
+        raise EnqueueError(f"task {task_spec.name!r}: {option} failed on these arguments: {exc!r}"
+                           f"{_template_hint(spec, exc)}") from None
     check_name(key, f"task {task_spec.name!r}: {option}", 255)
     return key
 

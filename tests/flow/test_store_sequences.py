@@ -305,3 +305,14 @@ def test_the_sequence_probes_read_only_the_sequence_indexes():
     indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
     assert indexes == {"leasequeue_job_ready", "leasequeue_job_seq_order", "leasequeue_job_seq_leased"}, indexes
     assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "BitmapOr")]
+
+
+def test_a_template_naming_an_argument_passed_by_position_says_how_to_fix_it():
+    from flowlab.tasks import seq_step
+
+    before = Job.objects.count()
+    with pytest.raises(EnqueueError, match=r"KeyError\('account'\) \(a key template is formatted with the "
+                                           r"enqueue's own arguments: keyword arguments by name, positional ones "
+                                           r"by index, '\{0\}' for the first"):
+        seq_step.enqueue("a", 1)
+    assert Job.objects.count() == before

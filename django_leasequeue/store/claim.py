@@ -107,22 +107,23 @@ picked AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
-          AND (j.sequence_key IS NULL
+          AND CASE WHEN (j.sequence_key IS NULL
                OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
                                AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
                    AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
                                    AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-          AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+          THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.conc_closed', true),
                                    ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                    AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-          AND (j.rate_key IS NULL
+               AND (j.rate_key IS NULL
                OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                         AND strpos(current_setting('leasequeue.rate_closed', true),
                                    ';' || hashtext(j.rate_key)::text || ';') > 0)
                    AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
                                              %(claim)s, j.id)))
+          ELSE false END
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -160,22 +161,23 @@ picked AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
-      AND (j.sequence_key IS NULL
+      AND CASE WHEN (j.sequence_key IS NULL
            OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
                            AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
                AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
                                AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-      AND (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+      THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.conc_closed', true),
                                ';' || hashtext(j.concurrency_key)::text || ';') > 0)
                AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-      AND (j.rate_key IS NULL
+           AND (j.rate_key IS NULL
            OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
                     AND strpos(current_setting('leasequeue.rate_closed', true),
                                ';' || hashtext(j.rate_key)::text || ';') > 0)
                AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
                                          %(claim)s, j.id)))
+      ELSE false END
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED

@@ -316,3 +316,30 @@ def test_a_template_naming_an_argument_passed_by_position_says_how_to_fix_it():
                                            r"by index, '\{0\}' for the first"):
         seq_step.enqueue("a", 1)
     assert Job.objects.count() == before
+
+
+@task(name="tests.flow.seq_keyed", queue="flow", sequence_key="acct-{account}", concurrency_key="acct-{account}",
+      concurrency_limit=1)
+def seq_keyed(account: str, n: int) -> None:
+    """A sequence whose jobs also share a concurrency key (limit 1)."""
+
+
+@task(name="tests.flow.seq_rated", queue="flow", sequence_key="acct-{account}", rate_key="acct-{account}",
+      rate_limit="2/h")
+def seq_rated(account: str, n: int) -> None:
+    """A sequence whose jobs also share a per-key rate limit (2 per hour)."""
+
+
+@pytest.mark.parametrize("spec", [seq_keyed, seq_rated], ids=["concurrency-key", "rate-key"])
+@pytest.mark.parametrize("fair", [False, True], ids=["plain-claim", "fair-claim"])
+def test_a_waiting_job_that_sorts_first_takes_no_slot_of_its_key(spec, fair):
+    # The successors sort ahead of the head (a higher priority; a retried head has the same effect
+    # through its later run_at). The sequence rule runs first, so they take no concurrency slot and
+    # spend no rate allowance: the head is claimed, alone, and the rate log counts it once.
+    head = spec.enqueue(account="a", n=0)
+    behind = [spec.using(priority=10).enqueue(account="a", n=i) for i in (1, 2, 3)]
+    jobs = claim(10, fair_queues=("flow",) if fair else ())
+    assert [j.id for j in jobs] == [head.id]
+    assert Job.objects.filter(id__in=[b.id for b in behind], status="ready", attempts=0).count() == 3
+    if spec is seq_rated:
+        assert sum(c for _, c in store.rate_key_log("acct-a") or []) == 1

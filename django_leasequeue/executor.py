@@ -60,6 +60,9 @@ T = TypeVar("T")
 # handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
 CHILD_START_TIMEOUT = 120.0
 CHILD_TERM_GRACE = 2.0
+# Process mode: how often the worker's thread looks at the job's context (a lost lease kills the
+# child) while it waits for the child's outcome.
+CHILD_WATCH_INTERVAL = 0.2
 
 
 def _signal_group(pgid: int | None, sig: int) -> None:
@@ -418,7 +421,8 @@ class Executor:
                    "ctx": {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                            "max_attempts": ctx.max_attempts, "lease_version": ctx.lease_version,
                            "worker_id": ctx.worker_id, "leased_until": ctx.leased_until,
-                           "lease_seconds": ctx.lease_seconds, "alias": ctx.alias}}
+                           "lease_seconds": ctx.lease_seconds, "alias": ctx.alias},
+                   "worker_pid": os.getpid()}
         proc = mp.Process(target=child.main, args=(sender, payload), name=f"leasequeue-job-{job.id}", daemon=True)
         with self._children_lock:
             if self._stopping:
@@ -432,11 +436,21 @@ class Executor:
                     f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
             receiver.recv()  # "started": the timeout counts from here
             started = time.monotonic()
-            if not receiver.poll(spec.timeout):  # None: wait as long as it runs
-                ctx.time_out()
-                self._kill(proc)
-                raise JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; "
-                                  f"its child process was killed after {time.monotonic() - started:.1f} s")
+            deadline = None if spec.timeout is None else started + spec.timeout
+            while not receiver.poll(CHILD_WATCH_INTERVAL if deadline is None
+                                    else max(0.0, min(CHILD_WATCH_INTERVAL, deadline - time.monotonic()))):
+                if ctx.lease_lost:
+                    # The lease is gone (the heartbeat found the token moved): another worker may be
+                    # running the job already. The child's outcome would be discarded; stop it now,
+                    # so that it does not run on beside the next attempt.
+                    self._kill(proc)
+                    raise LeaseLost(f"job {job.id}: lease {job.lease_version} was lost; its child process "
+                                    f"was killed after {time.monotonic() - started:.1f} s")
+                if deadline is not None and time.monotonic() >= deadline:
+                    ctx.time_out()
+                    self._kill(proc)
+                    raise JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; "
+                                      f"its child process was killed after {time.monotonic() - started:.1f} s")
             try:
                 kind, value, completed = receiver.recv()
             except EOFError:

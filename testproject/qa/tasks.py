@@ -505,3 +505,11 @@ def child_dies_once(context: JobContext, n: int) -> int:
     if context.attempt == 1:
         os._exit(3)
     return n
+
+
+@task(name="qa.child_pid_sleeper", takes_context=True, max_attempts=3)
+def child_pid_sleeper(context: JobContext, seconds: float) -> None:
+    """Record this process's pid (the tag of an ``Execution``), then sleep ``seconds``: a long
+    handler whose process the tests look for after its worker died or lost the lease."""
+    _record(context, tag=f"pid:{os.getpid()}")
+    time.sleep(seconds)

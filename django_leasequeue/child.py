@@ -46,7 +46,8 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     ``payload["task"]`` with a :class:`JobContext` on the job's fencing token (so ``fenced_atomic()``
     and ``heartbeat()`` are fenced as in a thread) and send the outcome back through ``conn``.
 
-    Messages: ``("started",)``, then ``(kind, value, completed_in_transaction)`` with kind
+    Messages: ``("ready",)`` once set up, then (after the worker's ``"go"``; on ``"stop"`` it
+    returns without running the handler) ``(kind, value, completed_in_transaction)`` with kind
     ``returned`` (the JSON value), ``snooze`` (seconds), ``cancelled``/``lease_lost`` (message),
     ``not_serializable`` (message) or ``raised`` (``{"error": the error entry, "decision": the
     retry.RetryDecision, or None when it could not be made}``)."""
@@ -78,7 +79,9 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
         timer = threading.Timer(timeout, ctx.time_out)
         timer.daemon = True
         timer.start()
-    conn.send(("started",))
+    conn.send(("ready",))
+    if conn.recv() != "go":  # the worker's start check refused the job (its queue was paused)
+        return
     message: tuple[str, Any, bool]
     try:
         spec = registry.get_task(payload["task"])

@@ -94,6 +94,11 @@ class ChildProcessFailed(RuntimeError):
     reached us."""
 
 
+class _NotStarted(BaseException):  # noqa: N818 - internal control flow, never recorded
+    """Process mode: the child was set up, but the worker's start check (``may_start``) refused
+    the job before its handler ran (its queue was paused meanwhile): the worker gives it back."""
+
+
 class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
     """The worker's graceful stop killed the child (after the grace period): the job is released."""
 
@@ -302,12 +307,17 @@ class Executor:
         self._children_lock = threading.Lock()
         self._stopping = False
 
-    def run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool = False) -> str:
+    def run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool = False,
+            may_start: Callable[[], bool] | None = None) -> str:
         """Run ``job`` to an outcome and record it. Returns the outcome name (for tests and logs).
 
         Args:
             job: the claimed job; ctx: its context.
             child: run the handler in a child process killed at the task's timeout (process mode).
+            may_start: process mode: asked once the child has set Django up (a second or more after
+                the worker's own start check), just before the handler runs; False: the child
+                exits without running it and the outcome is ``"not_started"`` (nothing is written:
+                the caller gives the job back).
         """
         fields = job_fields(job)
         if signals.enabled("claimed"):
@@ -319,9 +329,11 @@ class Executor:
         except UnknownTask as exc:
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
         try:
-            result = self._call_timed(spec, job, ctx, child)
+            result = self._call_timed(spec, job, ctx, child, may_start)
             if isinstance(result, Snooze):
                 raise result
+        except _NotStarted:
+            return "not_started"
         except _KilledAtStop:
             return "released"  # the worker's stop releases the job (an interrupted attempt)
         except Snooze as snooze:
@@ -384,14 +396,15 @@ class Executor:
         except DatabaseError:
             logger.exception("job %s: could not record the dropped return value", job.id)
 
-    def _call_timed(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, child: bool) -> Any:
+    def _call_timed(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, child: bool,
+                    may_start: Callable[[], bool] | None = None) -> Any:
         """Call the handler; once it returns or raises, a handler that ran past its timeout (the
         worker marked ``ctx`` timed out meanwhile) ends as :class:`JobTimedOut`, whatever it
         returned or raised (a lost lease excepted: nothing may be written then)."""
         started = time.monotonic()
         try:
-            result = self._call_in_child(spec, job, ctx) if child else self._call(spec, job, ctx)
-        except (LeaseLost, _KilledAtStop):
+            result = self._call_in_child(spec, job, ctx, may_start) if child else self._call(spec, job, ctx)
+        except (LeaseLost, _KilledAtStop, _NotStarted):
             ctx.handler_returned()
             raise
         except BaseException as exc:
@@ -409,14 +422,16 @@ class Executor:
         return JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; the handler "
                            f"could not be stopped (thread mode) and {what} after {took:.1f} s")
 
-    def _call_in_child(self, spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
+    def _call_in_child(self, spec: Any, job: store.ClaimedJob, ctx: JobContext,
+                       may_start: Callable[[], bool] | None = None) -> Any:
         """Run the handler in a new child process ("spawn": a fresh interpreter that sets Django up
         and runs the task registered under ``job.task``; nothing is imported from the row) and
         return what it returned, or raise what it raised. Past the task's timeout the child gets
         SIGTERM, then SIGKILL after :data:`CHILD_TERM_GRACE` seconds, and :class:`JobTimedOut` is
         raised: a hard time limit, even for a handler that holds the GIL."""
         mp = multiprocessing.get_context("spawn")
-        receiver, sender = mp.Pipe(duplex=False)
+        # Duplex: the child reports "ready" once set up and waits for the worker's "go" (or "stop").
+        receiver, sender = mp.Pipe(duplex=True)
         payload = {"task": job.task, "args": list(job.args or []), "kwargs": dict(job.kwargs or {}),
                    "ctx": {"job_id": ctx.job_id, "task": ctx.task, "queue": ctx.queue, "attempt": ctx.attempt,
                            "max_attempts": ctx.max_attempts, "lease_version": ctx.lease_version,
@@ -434,7 +449,12 @@ class Executor:
             if not receiver.poll(CHILD_START_TIMEOUT):
                 raise ChildProcessFailed(
                     f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
-            receiver.recv()  # "started": the timeout counts from here
+            receiver.recv()  # "ready": Django is set up in the child
+            if may_start is not None and not may_start():
+                receiver.send("stop")
+                proc.join(CHILD_TERM_GRACE)
+                raise _NotStarted()
+            receiver.send("go")  # the handler's timeout counts from here
             started = time.monotonic()
             deadline = None if spec.timeout is None else started + spec.timeout
             while not receiver.poll(CHILD_WATCH_INTERVAL if deadline is None

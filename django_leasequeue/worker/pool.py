@@ -492,8 +492,12 @@ class Pool:
         child = self.execution == "process"
         if item.timeout and not child:  # in process mode the executor enforces the timeout itself
             item.deadline = started + item.timeout
+        outcome = None
         try:
-            self.executor.run(item.job, item.ctx, child=child)
+            # Process mode: a child takes a second or more to set Django up, so the pause view is
+            # asked again when it is ready, just before the handler runs.
+            outcome = self.executor.run(item.job, item.ctx, child=child,
+                                        may_start=(lambda: self._still_not_paused(item)) if child else None)
         except BaseException:  # noqa: BLE001 - never lose a handler thread
             logger.exception("job %s: worker error outside the handler", item.job.id)
         finally:
@@ -508,7 +512,22 @@ class Pool:
                 wake = self._wake_if_refill_locked()
             if wake:
                 self.wake()
+        if outcome == "not_started":  # its handler never ran: give it back, attempt refunded
+            self.pause_released += self.release(item, reason=PAUSED_REASON)
         return False
+
+    def _still_not_paused(self, item: InFlight) -> bool:
+        """The pause view's verdict for ``item``'s queue now (refreshed when older than the grace;
+        False when it cannot be read): True only on fresh evidence that the queue runs."""
+        view = self.pause_view
+        if view.may_start(item.job.queue, time.monotonic()) is None:
+            try:
+                view.refresh(item.job.queue)
+            except DatabaseError:
+                logger.warning("job %s: could not read the paused queues; not starting it", item.job.id)
+                close_broken_connections()
+                return False
+        return view.may_start(item.job.queue, time.monotonic()) is True
 
     def _drop_unstarted(self, item: InFlight) -> None:
         """A held job that will not be started (lease lost, or cancel requested): record the

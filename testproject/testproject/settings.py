@@ -6,6 +6,7 @@ PGUSER (postgres), PGPASSWORD (empty).
 
 import json
 import os
+import time
 from pathlib import Path
 
 import django
@@ -151,3 +152,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LEASEQUEUE_LOG_LEVEL", "WARNING")},
 }
+
+# Process tests of EXECUTION = "process": every process that loads these settings (the worker, and
+# each child that sets Django up for one handler) takes this many seconds longer, so that a child is
+# reliably still setting up when a test acts.
+if os.environ.get("TESTPROJECT_SLOW_SETUP"):
+    time.sleep(float(os.environ["TESTPROJECT_SLOW_SETUP"]))

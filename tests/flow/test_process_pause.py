@@ -118,3 +118,31 @@ def test_no_handler_starts_after_queue_pause_returns_in_a_worker_frozen_during_t
                    env=worker_env(**PREFETCH))
     wait_workers(1)
     pause_mid_drain(1, frozen=worker)
+
+
+def test_a_process_mode_child_still_setting_up_does_not_start_its_handler_after_the_pause(spawn):
+    """Process execution: a child process takes a second or more to set Django up after the
+    worker's start check; the worker asks its pause view again once the child is ready."""
+    # Each child sets Django up for at least 1.5 s, well past the pause's grace.
+    spawn("runworker", "--queues", "flow", "--concurrency", "2", "--execution", "process", "--worker-id", "p0",
+          env=worker_env(TESTPROJECT_SLOW_SETUP="1.5"))
+    wait_workers(1)
+    long = pause_probe.enqueue(seconds=4.0)
+    wait_for(lambda: Probe.objects.filter(key="pause", job_id=long.id).exists(), timeout=60, interval=0.01,
+             what="the long handler started")
+    short = pause_probe.enqueue(seconds=0.01)
+    wait_for(lambda: Job.objects.filter(pk=short.pk, status="leased").exists(), timeout=10, interval=0.005,
+             what="the second job leased (its child is setting up)")
+    assert store.queue_pause("flow", by="test")
+    returned_at = datetime.fromtimestamp(time.time(), UTC)
+    wait_for(lambda: Job.objects.get(pk=long.pk).status == "done" and Job.objects.get(pk=short.pk).status == "ready",
+             timeout=15, interval=0.02, what="the long job done, the second one given back")
+    time.sleep(store.PAUSE_GRACE * 2)
+    assert not Probe.objects.filter(key="pause", at__gt=returned_at).exists()
+    short.refresh_from_db()
+    assert (short.status, short.attempts, released_for_pause(short.history)) == ("ready", 0, 1)
+    assert store.queue_resume("flow")
+    wait_for(lambda: Job.objects.get(pk=short.pk).status == "done", timeout=30, interval=0.05,
+             what="the second job done after the resume")
+    assert Probe.objects.filter(key="pause", job_id=short.pk).count() == 1
+    assert Job.objects.get(pk=short.pk).attempts == 1

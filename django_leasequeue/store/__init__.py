@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from ._db import (
     CLOCK,
+    FLOW_RULES,
     JOB_TABLE,
     PROCESS_TABLE,
     QUEUE_TABLE,
@@ -270,3 +271,4 @@ __all__ = [
 __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRecord", "job_coalesce",
             "schedule_record_paused"]
 __all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]
+__all__ += ["FLOW_RULES"]

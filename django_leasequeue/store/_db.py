@@ -36,6 +36,31 @@ CLOCK = "SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now"
 # and the reaper and the release never go past the bound: such a row is dead-lettered instead.
 TOKEN_MAX = 4611686018427387904
 
+# The flow rules of every claim's candidate scan, in one CASE so that they run in this order
+# (PostgreSQL orders separate AND conditions by estimated cost, and would call the admission
+# functions first): the sequence rule (only the head of a sequence, nothing behind it), then the
+# per-key concurrency admission, then the per-key rate admission, so that a job that may not run
+# takes no key's slot and spends no rate allowance. Keyless jobs stop at the three IS NULL tests.
+# Statements interpolate it where their candidate rows ``j`` are filtered; each needs the
+# parameter ``%(claim)s`` (a fresh id per claim call) and a ``clock`` CTE. See store/claim.py.
+FLOW_RULES = f"""AND CASE WHEN (j.sequence_key IS NULL
+     OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
+                     AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
+         AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
+                         AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
+THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
+     OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
+              AND strpos(current_setting('leasequeue.conc_closed', true),
+                         ';' || hashtext(j.concurrency_key)::text || ';') > 0)
+         AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
+     AND (j.rate_key IS NULL
+     OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
+              AND strpos(current_setting('leasequeue.rate_closed', true),
+                         ';' || hashtext(j.rate_key)::text || ';') > 0)
+         AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
+                                   %(claim)s, j.id)))
+ELSE false END"""
+
 _JOB_COLUMNS = [cast(str, f.column) for f in Job._meta.concrete_fields]
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
 # Every column of the job table, in model order (the order :func:`_jobs_from_rows` reads).

@@ -15,8 +15,10 @@ statement. Every eligibility rule sits in the locked candidate scan, in this ord
 * the sequence rule (docs/howto/flow-control.md, "Sequences"): a job with a ``sequence_key`` is a
   candidate only while no earlier job of its key is ready, leased or dead with ``sequence_halts``,
   and no job of its key is leased. Two index probes (``leasequeue_job_seq_order``,
-  ``leasequeue_job_seq_leased``, migration 0008), only for rows with a key. It comes before the
-  concurrency admission: a row that may not run must not take a key's slot;
+  ``leasequeue_job_seq_leased``, migration 0009), only for rows with a key. It comes before the
+  concurrency admission: a row that may not run must not take a key's slot. The sequence rule and
+  the two admissions below are one ``CASE`` (``_db.FLOW_RULES``, written once for every claim), so
+  that PostgreSQL, which orders separate AND conditions by cost, runs them in this order;
 * the per-key concurrency admission (docs/howto/flow-control.md), last: a row of another task must not
   take a key's slot. A candidate with a concurrency key is admitted only if fewer than its
   concurrency_limit jobs of that key are leased, counting the ones this statement already admitted.
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from . import flow, keys
-from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _load, _run, db_alias, logger
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _load, _run, db_alias, logger
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -107,23 +109,7 @@ picked AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
-          AND CASE WHEN (j.sequence_key IS NULL
-               OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                               AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-                   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                                   AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-          THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.conc_closed', true),
-                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-               AND (j.rate_key IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.rate_closed', true),
-                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                             %(claim)s, j.id)))
-          ELSE false END
+          {FLOW_RULES}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -161,23 +147,7 @@ picked AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
-      AND CASE WHEN (j.sequence_key IS NULL
-           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-      THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.conc_closed', true),
-                               ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-               AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-           AND (j.rate_key IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.rate_closed', true),
-                               ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                         %(claim)s, j.id)))
-      ELSE false END
+      {FLOW_RULES}
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED

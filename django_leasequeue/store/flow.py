@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from ..models import QueueState
-from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _run, db_alias
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _run, db_alias
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -86,23 +86,7 @@ picked AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
-          AND CASE WHEN (j.sequence_key IS NULL
-               OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                               AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-                   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                                   AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-          THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.conc_closed', true),
-                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-               AND (j.rate_key IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.rate_closed', true),
-                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                             %(claim)s, j.id)))
-          ELSE false END
+          {FLOW_RULES}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED
@@ -197,23 +181,7 @@ unrated AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
-      AND CASE WHEN (j.sequence_key IS NULL
-           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-      THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.conc_closed', true),
-                               ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-               AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-           AND (j.rate_key IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.rate_closed', true),
-                               ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                         %(claim)s, j.id)))
-      ELSE false END
+      {FLOW_RULES}
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -227,23 +195,7 @@ rated AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
-          AND CASE WHEN (j.sequence_key IS NULL
-               OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                               AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-                   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                                   AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-          THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.conc_closed', true),
-                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-               AND (j.rate_key IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.rate_closed', true),
-                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                             %(claim)s, j.id)))
-          ELSE false END
+          {FLOW_RULES}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT q.allow
         FOR UPDATE SKIP LOCKED

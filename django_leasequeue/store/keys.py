@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import RateKeyState
-from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
 
 # Claim up to %(limit)s jobs of one fair queue (%(queue)s), round-robin across fair keys (see the
 # module docstring). after_cursor and from_start are the two halves of the circular walk (keys
@@ -97,23 +97,7 @@ picked AS MATERIALIZED (
         WHERE j.status = 'ready' AND j.queue = q.name AND j.fair_key = fk.k AND j.run_at <= clock.now
           AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
           AND j.lease_version < {TOKEN_MAX - 1}
-          AND CASE WHEN (j.sequence_key IS NULL
-               OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                               AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-                   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                                   AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-          THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.conc_closed', true),
-                                   ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-                   AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-               AND (j.rate_key IS NULL
-               OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                        AND strpos(current_setting('leasequeue.rate_closed', true),
-                                   ';' || hashtext(j.rate_key)::text || ';') > 0)
-                   AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                             %(claim)s, j.id)))
-          ELSE false END
+          {FLOW_RULES}
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT share.per
         FOR UPDATE SKIP LOCKED
@@ -125,23 +109,7 @@ keyless AS MATERIALIZED (
     WHERE j.status = 'ready' AND j.queue = %(queue)s AND j.fair_key IS NULL AND j.run_at <= clock.now
       AND (%(all_tasks)s OR j.task = ANY(%(tasks)s::text[]))
       AND j.lease_version < {TOKEN_MAX - 1}
-      AND CASE WHEN (j.sequence_key IS NULL
-           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-      THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.conc_closed', true),
-                               ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-               AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-           AND (j.rate_key IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.rate_closed', true),
-                               ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                         %(claim)s, j.id)))
-      ELSE false END
+      {FLOW_RULES}
     -- The queue as a constant and fair_key (NULL here) leading the ORDER BY make it the index's
     -- order: otherwise the planner may sort every keyless ready job of the queue on each claim.
     ORDER BY j.fair_key, j.priority DESC, j.run_at, j.id

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
 from .claim import ClaimResult, _column_names, _decode_claims
 
 # Claim the listed jobs (not "the next due ones"): eager mode runs exactly the jobs the code
@@ -23,23 +23,7 @@ picked AS MATERIALIZED (
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'ready' AND j.run_at <= clock.now
       AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} p WHERE p.name = j.queue AND p.paused)
       AND j.lease_version < {TOKEN_MAX - 1}
-      AND CASE WHEN (j.sequence_key IS NULL
-           OR (NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key AND e.id < j.id
-                           AND e.status IN ('ready', 'leased', 'dead') AND (e.status <> 'dead' OR e.sequence_halts))
-               AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} e WHERE e.sequence_key = j.sequence_key
-                               AND e.sequence_key IS NOT NULL AND (e.status COLLATE "C") = 'leased')))
-      THEN (j.concurrency_key IS NULL OR j.concurrency_limit IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.conc_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.conc_closed', true),
-                               ';' || hashtext(j.concurrency_key)::text || ';') > 0)
-               AND leasequeue_conc_admit(j.concurrency_key, j.concurrency_limit::int, %(claim)s)))
-           AND (j.rate_key IS NULL
-           OR (NOT (starts_with(coalesce(current_setting('leasequeue.rate_closed', true), ''), %(claim)s)
-                    AND strpos(current_setting('leasequeue.rate_closed', true),
-                               ';' || hashtext(j.rate_key)::text || ';') > 0)
-               AND leasequeue_rate_admit(j.rate_key, j.rate_limit_n::int, j.rate_limit_secs, clock.now,
-                                         %(claim)s, j.id)))
-      ELSE false END
+      {FLOW_RULES}
     ORDER BY j.priority DESC, j.run_at, j.id
     FOR UPDATE OF j SKIP LOCKED
 )

@@ -61,10 +61,11 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     django.setup()
     from django.db import connections
 
-    from . import arguments, registry
+    from . import registry
     from .context import JobContext
     from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
     from .failures import describe_error
+    from .payload import json_dumps_result
 
     registry.autodiscover()
     ctx = JobContext(**payload["ctx"])
@@ -93,7 +94,7 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
             result = asyncio.run(result)
         if isinstance(result, Snooze):
             raise result
-        result_json = None if result is None else arguments.json_dumps_result(result)
+        result_json = None if result is None else json_dumps_result(result)
         message = ("returned", None if result_json is None else json.loads(result_json), False)
     except Snooze as snooze:
         message = ("snooze", snooze.seconds, False)

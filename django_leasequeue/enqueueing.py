@@ -19,7 +19,6 @@ from . import signals
 from .arguments import (
     MAX_CONCURRENCY_LIMIT,
     JobOptions,
-    check_arguments_bind,
     check_lease,
     check_max_attempts,
     check_name,
@@ -27,16 +26,13 @@ from .arguments import (
     check_task_options,
     check_unique_mode,
     check_unique_scope,
-    encode_chunks,
-    encode_payload,
-    enqueue_signature,
-    positional_names,
     run_at_delay,
     seconds_option,
     throttle_key,
 )
 from .conf import Settings, get_settings, parse_rate, queue_name_problem
 from .exceptions import ConfigurationError, EnqueueError
+from .payload import check_arguments_bind, encode_chunks, encode_payload, enqueue_signature, positional_names
 from .registry import P, R, TaskSpec, register_task, resolve_task
 from .retry import BackoffLike, ExceptionClasses, check_retry_options
 

@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
-from . import arguments, child, registry, signals, store
+from . import child, payload, registry, signals, store
 from .conf import Settings
 from .context import JobContext
 from .exceptions import (
@@ -169,7 +169,7 @@ def encode_result(result: Any, limit: int) -> str:
         floor = json_size_floor(result, limit)
         if floor > limit:
             raise ResultTooLarge(floor, limit, at_least=True)
-    result_json = arguments.json_dumps_result(result)
+    result_json = payload.json_dumps_result(result)
     check_result_size(result_json, limit)
     return result_json
 

@@ -354,8 +354,8 @@ def resolve_task(task_or_name: TaskSpec[..., Any] | str) -> TaskSpec[..., Any]:
 MOVED = {
     "Task": "enqueueing", "task": "enqueueing", "enqueue": "enqueueing", "enqueue_many": "enqueueing",
     "enqueue_on_commit": "enqueueing", "build_job": "enqueueing", "insert_job": "enqueueing",
-    "check_json": "arguments", "check_arguments_bind": "arguments", "check_task_options": "arguments",
-    "encode_payload": "arguments", "encode_payload_many": "arguments", "json_dumps_result": "arguments",
+    "check_json": "payload", "check_arguments_bind": "payload", "check_task_options": "arguments",
+    "encode_payload": "payload", "encode_payload_many": "payload", "json_dumps_result": "payload",
 }
 
 

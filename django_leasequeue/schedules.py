@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import router, transaction
 
-from . import arguments, cron, registry, store
+from . import cron, payload, registry, store
 from .conf import get_settings
 from .exceptions import PayloadNotSerializable, UnknownTask
 from .models import SCHEDULE_BOOKKEEPING, Schedule, schedule_zone_name
@@ -87,7 +87,7 @@ def definition_errors(schedule: Schedule, skip: set[str]) -> Iterator[tuple[str,
 
 def _json_errors(value: Any, field: str) -> Iterator[tuple[str, str]]:
     try:
-        arguments.check_json(value, field)
+        payload.check_json(value, field)
     except PayloadNotSerializable as exc:
         yield field, str(exc)
 

@@ -132,7 +132,7 @@ def test_import_does_not_import_models():
 # package's __init__ (the public facade).
 LAYERS: dict[str, tuple[str, ...]] = {
     "leaves": ("exceptions", "conf", "cron", "cron.*", "retry", "runtime", "signals", "compat_tasks", "registry",
-               "arguments", "failures"),
+               "arguments", "payload", "failures"),
     "models": ("models",),
     "store": ("store", "store.*"),
     "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "processes",

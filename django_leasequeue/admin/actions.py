@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from .. import arguments, store
+from .. import payload, store
 from ..conf import get_settings
 from ..exceptions import LeaseQueueError
 from .common import APP, _by, check_json_field
@@ -139,7 +139,7 @@ class ReplayForm(forms.Form):
         data = cast("dict[str, Any]", super().clean())  # Form.clean() returns cleaned_data
         if "args" in data and "kwargs" in data:
             try:
-                arguments.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
+                payload.encode_payload(data["args"], data["kwargs"], limit=get_settings().max_payload_bytes)
             except LeaseQueueError as exc:
                 raise ValidationError(str(exc))
         return data

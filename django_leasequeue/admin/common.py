@@ -16,7 +16,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from .. import arguments
+from .. import payload
 from ..exceptions import LeaseQueueError
 from ..models import Dashboard, Job, Schedule
 
@@ -50,7 +50,7 @@ def _by(request: HttpRequest) -> str:
 
 
 def check_json_field(value: Any, name: str) -> None:
-    """Check a form's JSON arguments as enqueueing does (:func:`~django_leasequeue.arguments.check_json`).
+    """Check a form's JSON arguments as enqueueing does (:func:`~django_leasequeue.payload.check_json`).
 
     Args:
         value: the decoded JSON value (a list or dict of arguments).
@@ -60,7 +60,7 @@ def check_json_field(value: Any, name: str) -> None:
         ValidationError: the value is refused; the message is the refusal's own.
     """
     try:
-        arguments.check_json(value, name)
+        payload.check_json(value, name)
     except LeaseQueueError as exc:
         raise ValidationError(str(exc))
 

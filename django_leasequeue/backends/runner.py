@@ -7,7 +7,7 @@ import inspect
 import logging
 from typing import Any
 
-from .. import arguments
+from .. import payload
 from ..compat_tasks import Task, normalize_json, task_started
 from ..context import JobContext
 from ..exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
@@ -82,7 +82,7 @@ class _Runner:
         from .. import store
 
         try:
-            result_json = arguments.json_dumps_result(value)
+            result_json = payload.json_dumps_result(value)
         except PayloadNotSerializable as exc:
             logger.warning("job %s completed in fenced_atomic(); its return value is not stored: %s", job.job_id, exc)
             return

@@ -196,7 +196,7 @@ def job_replay(ids: Iterable[int], *, by: str = "", args: list[Any] | None = Non
         ids: job ids (duplicates are ignored).
         by: who replayed (recorded in history), e.g. the admin user name.
         args: new positional arguments for every replayed job, or None to keep each job's own.
-            The caller validates them (``arguments.check_json``); old and new values go to history.
+            The caller validates them (``payload.check_json``); old and new values go to history.
         kwargs: new keyword arguments, likewise.
         now: aware datetime instead of the database clock (tests).
 

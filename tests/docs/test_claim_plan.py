@@ -52,7 +52,7 @@ def test_claim_walks_the_ready_index_under_the_row_lock():
     assert "LockRows" in ancestors_of(plan, "leasequeue_job_ready")
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["queues", "any-queue"])
+@pytest.mark.parametrize("named", [True], ids=["queues"])
 def test_claim_of_registered_tasks_keeps_the_plan(named):
     """A worker claims only its registered tasks (rolling deploys): the task test is a filter on the
     rows the same locked scan reads, not a new access path (and never a sequential scan of the job

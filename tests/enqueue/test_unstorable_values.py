@@ -27,8 +27,8 @@ from django_leasequeue import (
     LeaseQueueError,
     PayloadNotSerializable,
     Snooze,
-    arguments,
     enqueue,
+    payload,
     registry,
     store,
     task,
@@ -142,7 +142,7 @@ def test_handler_result_int_too_long_for_text_is_a_clear_error():
     """An int Python cannot turn into text (more than ``sys.get_int_max_str_digits()`` digits)
     is a PayloadNotSerializable, not a raw ValueError escaping the executor."""
     with pytest.raises(PayloadNotSerializable, match=r"return value\['n'\] is an int of more than"):
-        arguments.json_dumps_result({"n": 10**5000})
+        payload.json_dumps_result({"n": 10**5000})
 
 
 def test_task_declaration_refuses_options_every_enqueue_would_refuse():

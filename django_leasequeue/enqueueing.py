@@ -238,25 +238,6 @@ def check_sequence_options(task_name: str, sequence_key: Any, sequence_on_dead: 
                                  f"got {sequence_on_dead!r}")
 
 
-def _sequence_key(task_spec: TaskSpec[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
-    """The job's sequence key, computed from its arguments like its concurrency key, or None.
-
-    Raises:
-        EnqueueError: the template or callable failed on these arguments, or the key is empty, longer
-            than 255 characters or contains NUL.
-    """
-    template = task_spec.sequence_key
-    if template is None:
-        return None
-    try:
-        key = str(template(*args, **kwargs)) if callable(template) else template.format(*args, **kwargs)
-    except Exception as exc:
-        raise EnqueueError(f"task {task_spec.name!r}: sequence_key failed on these arguments: {exc!r}"
-                           f"{_template_hint(task_spec.sequence_key, exc)}")
-    check_name(key, f"task {task_spec.name!r}: sequence_key", 255)
-    return key
-
-
 def _announce(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
     """Send the ``enqueued`` event of one written job (every insert path below calls this)."""
     signals.emit("enqueued", job_id=job_id, task=task_name, queue=queue, attempt=0, token=0, **extra)
@@ -337,18 +318,8 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
             or not 1 <= task_spec.concurrency_limit <= MAX_CONCURRENCY_LIMIT):
         raise EnqueueError(f"task {task_spec.name!r}: concurrency_limit must be an int from 1 to "
                            f"{MAX_CONCURRENCY_LIMIT}, got {task_spec.concurrency_limit!r}")
-    conc_key = None
-    if task_spec.concurrency_key is not None:
-        try:
-            if callable(task_spec.concurrency_key):
-                conc_key = str(task_spec.concurrency_key(*args, **kwargs))
-            else:
-                conc_key = task_spec.concurrency_key.format(*args, **kwargs)
-        except Exception as exc:
-            raise EnqueueError(f"task {task_spec.name!r}: concurrency_key failed on these arguments: {exc!r}"
-                               f"{_template_hint(task_spec.concurrency_key, exc)}")
-        check_name(conc_key, f"task {task_spec.name!r}: concurrency_key", 255)
-    seq_key = _sequence_key(task_spec, args, kwargs)
+    conc_key = _job_key(task_spec, "concurrency_key", args, kwargs)
+    seq_key = _job_key(task_spec, "sequence_key", args, kwargs)
     rate = task_spec.rate_limit
     rate_key = _job_key(task_spec, "rate_key", args, kwargs) if rate is not None else None
     fair_key = _job_key(task_spec, "fair_key", args, kwargs)
@@ -365,7 +336,8 @@ def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: M
 
 
 def _job_key(task_spec: TaskSpec[..., Any], option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
-    """The value of a per-job key option (``rate_key``, ``fair_key``) for these arguments: the
+    """The value of a per-job key option (``concurrency_key``, ``sequence_key``, ``rate_key``,
+    ``fair_key``) for these arguments: the
     template formatted with them, or the callable's result as a str; None when the task has none.
 
     Raises:

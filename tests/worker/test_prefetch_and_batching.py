@@ -302,9 +302,9 @@ def test_enqueue_many_splits_a_chunk_whose_json_is_too_large_for_one_jsonb(monke
     worked. The chunk is split by size: here with the threshold lowered to a few jobs' worth,
     every job is written once, in order, with its own arguments. (The full-size reproduction,
     300 MB, is too heavy for the suite: see the review report.)"""
-    from django_leasequeue import arguments
+    from django_leasequeue import payload
 
-    monkeypatch.setattr(arguments, "MAX_CHUNK_CHARS", 50)
+    monkeypatch.setattr(payload, "MAX_CHUNK_CHARS", 50)
     pairs = [([f"job-{i:03d}"], {"sleep": float(i % 3)}) if i % 4 == 0 else [f"job-{i:03d}"] for i in range(37)]
     assert enqueue_many("qa.record", pairs) == 37
     rows = list(Job.objects.order_by("id").values_list("args", "kwargs"))

@@ -4,6 +4,7 @@ Public API (imported lazily, so ``import django_leasequeue`` never imports model
 
     from django_leasequeue import task, enqueue, enqueue_on_commit, enqueue_many, JobContext
     from django_leasequeue import LeaseLost, JobCancelled, Snooze, Retry, Backoff
+    from django_leasequeue import chain, group, chord, Workflow, Batch, WorkflowHandle, Step
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ _EXPORTS = {
     "JobCancelled": "exceptions",
     "Snooze": "exceptions",
     "Retry": "exceptions",
+    "Step": "steps",
+    "Workflow": "workflows",
+    "WorkflowHandle": "workflows",
+    "Batch": "workflows",
+    "chain": "workflows",
+    "group": "workflows",
+    "chord": "workflows",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -58,6 +66,13 @@ if TYPE_CHECKING:
     from .exceptions import Snooze as Snooze
     from .exceptions import UnknownTask as UnknownTask
     from .retry import Backoff as Backoff
+    from .steps import Step as Step
+    from .workflows import Batch as Batch
+    from .workflows import Workflow as Workflow
+    from .workflows import WorkflowHandle as WorkflowHandle
+    from .workflows import chain as chain
+    from .workflows import chord as chord
+    from .workflows import group as group
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,7 @@ from django.db import transaction
 from .exceptions import JobCancelled, JobTimedOut, LeaseLost
 
 if TYPE_CHECKING:
-    from .store import ClaimedJob
+    from .store import ClaimedJob, DependencyOutcome
 
 # Decides, between the heartbeat (which times a handler out) and the handler's thread (which
 # reports that it returned), which came first; held for a few instructions, once per job.
@@ -179,6 +179,28 @@ class JobContext:
         except BaseException:
             self.completed_in_transaction = False  # nothing was committed
             raise
+
+    def dependencies(self) -> dict[str, DependencyOutcome]:
+        """This job's dependencies (a workflow step's, or ``enqueue(depends_on=...)``'s), read now.
+
+        A step that runs anyway after a dependency died (``on_dependency_dead="run"``) finds the
+        failure here: its ``status`` is ``"dead"`` (or ``"cancelled"``) and ``error`` its last error.
+
+        Returns:
+            ``{name: DependencyOutcome}`` in declaration order, keyed by step name (by job id as
+            text for a dependency outside the workflow); empty for a job without dependencies.
+        """
+        from . import store
+
+        return {d.name: d for d in store.job_dependencies(self.job_id, alias=self.alias)}
+
+    def workflow_id(self) -> int | None:
+        """The id of this job's workflow or batch (``WorkflowHandle(id)``), or None, read now."""
+        from .models import Job
+
+        value: int | None = Job.objects.using(self.alias).filter(id=self.job_id).values_list(
+            "workflow_id", flat=True).first()
+        return value
 
     def _refuse_if_timed_out(self) -> None:
         if self.timed_out:

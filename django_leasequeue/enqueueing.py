@@ -39,9 +39,11 @@ from .retry import BackoffLike, ExceptionClasses, check_retry_options
 if TYPE_CHECKING:
     from .context import JobContext
     from .models import Job
-    from .store import NewJob
+    from .steps import Step
+    from .store import NewJob, NewStep
 
-__all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs", "task"]
+__all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs",
+           "insert_steps", "task"]
 
 # The store (and with it the models) is imported inside the functions below, not here: ``@task``
 # runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
@@ -63,6 +65,13 @@ class Task(TaskSpec[P, R]):
     def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Enqueue one job when the current transaction commits. See :func:`enqueue_on_commit`."""
         enqueue_on_commit(self, args, kwargs)
+
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
+        """A :class:`~django_leasequeue.steps.Step` of this task with these arguments, for a chain,
+        group, chord, batch or workflow (:mod:`django_leasequeue.workflows`); nothing is written."""
+        from .steps import Step
+
+        return Step(self, tuple(args), dict(kwargs))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async wrapper of :meth:`enqueue` (runs it in a thread with ``sync_to_async``)."""
@@ -362,7 +371,8 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
             unique_key: str | None = None, unique_scope: str | None = None,
             max_attempts: int | None = None, unique_mode: str | None = None,
             debounce: float | timedelta | None = None, debounce_max_wait: float | timedelta | None = None,
-            throttle: float | timedelta | None = None) -> Job:
+            throttle: float | timedelta | None = None, depends_on: Iterable[int | Job] = (),
+            on_dependency_dead: str = "hold") -> Job:
     """Write one job in the caller's transaction and return it.
 
     The job exists only if the caller's transaction commits (on the job table's database, chosen by
@@ -395,6 +405,13 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
         debounce_max_wait: seconds (>= ``debounce``) from the first enqueue of the pending job
             past which run_at is no longer pushed; None: no bound. ``"debounce"`` only.
         throttle: the window, a whole number of seconds >= 1; ``"throttle"`` only.
+        depends_on: existing jobs (ids or :class:`~django_leasequeue.models.Job` objects) this one
+            waits for: it is ``waiting`` (never claimed) until every one of them is done, and is
+            released by the database in the transaction that completes the last
+            (docs/howto/workflows.md). Their rows are locked until the caller commits. Not with
+            ``unique_key``.
+        on_dependency_dead: with ``depends_on``, what this job does when a dependency ends dead
+            or cancelled: ``"hold"`` (wait until it is replayed and done), ``"cancel"`` or ``"run"``.
 
     Returns:
         The new :class:`~django_leasequeue.models.Job`, or the existing one holding ``unique_key``.
@@ -415,7 +432,40 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
     new = build_job(task_spec, args, kwargs, run_at=run_at, queue=queue, priority=priority, unique_key=unique_key,
                     unique_scope=unique_scope, max_attempts=max_attempts, unique_mode=unique_mode,
                     debounce=debounce, debounce_max_wait=debounce_max_wait, throttle=throttle)
+    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
+        raise EnqueueError(f"depends_on must be a list of job ids or Job objects, got {depends_on!r}")
+    dependency_ids = [_dependency_id(dep) for dep in depends_on]
+    if dependency_ids or on_dependency_dead != "hold":
+        return _insert_dependent(new, dependency_ids, on_dependency_dead)
     return insert_job(new)[0]
+
+
+def _dependency_id(dep: Any) -> int:
+    if isinstance(dep, int) and not isinstance(dep, bool):
+        return dep
+    if isinstance(getattr(dep, "pk", None), int):
+        return int(dep.pk)
+    raise EnqueueError(f"depends_on takes job ids or Job objects, got {dep!r}")
+
+
+def _insert_dependent(new: NewJob, dependency_ids: list[int], policy: str) -> Job:
+    """Insert one job that waits for existing jobs (``enqueue(depends_on=...)``)."""
+    from . import store
+    from .models import Job
+    from .steps import DEPENDENCY_POLICIES
+
+    if policy not in DEPENDENCY_POLICIES:
+        raise EnqueueError(f"on_dependency_dead must be one of {DEPENDENCY_POLICIES}, got {policy!r}")
+    if not dependency_ids:
+        raise EnqueueError("on_dependency_dead is given without depends_on")
+    if len(set(dependency_ids)) != len(dependency_ids):
+        raise EnqueueError(f"depends_on names a job twice: {dependency_ids}")
+    if new.unique_key is not None or new.unique_mode != "keep":
+        raise EnqueueError("depends_on does not take a unique_key: build a Workflow with a unique_key instead")
+    alias = store.db_alias()
+    [job_id] = insert_steps(None, [store.NewStep(new, depends_on_ids=tuple(dependency_ids),
+                                                 on_dependency_dead=policy)], alias=alias)
+    return Job.objects.using(alias).get(id=job_id)
 
 
 def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
@@ -493,6 +543,35 @@ def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alia
         for job in rows:
             _announce(job.id, job.task, job.queue, **(event_fields(job) if event_fields else {}))
     return rows
+
+def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: str | None = None) -> list[int]:
+    """Insert the jobs of a workflow (or one job with dependencies) in the caller's transaction,
+    with their dependency edges, and send their ``enqueued`` events.
+
+    Args:
+        workflow_id: the workflow row, or None for a job that only depends on existing jobs.
+        steps: built by :func:`build_job` and :mod:`django_leasequeue.workflows`, validated.
+        alias: the database alias; None: the job table's.
+
+    Returns:
+        The new job ids in step order.
+
+    Raises:
+        EnqueueError: a ``depends_on_ids`` job does not exist (nothing is written).
+    """
+    from . import store
+
+    settings = get_settings()
+    try:
+        ids = store.workflow_insert_steps(workflow_id, steps, alias=alias,
+                                          channel=settings.notify_channel if settings.notify else None)
+    except LookupError as exc:
+        raise EnqueueError(str(exc)) from None
+    if ids and signals.enabled("enqueued"):
+        for job_id, step in zip(ids, steps, strict=True):
+            _announce(job_id, step.job.task, step.job.queue)
+    return ids
+
 
 def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
                  arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],

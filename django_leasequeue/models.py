@@ -41,9 +41,13 @@ class JobJSONDecoder(json.JSONDecoder):
 
 
 class JobStatus(models.TextChoices):
-    """The five states of a job. "Scheduled" is not a state: it is ``ready`` with a future ``run_at``."""
+    """The six states of a job. "Scheduled" is not a state: it is ``ready`` with a future ``run_at``."""
 
     READY = "ready", "ready"
+    # A workflow step or dependent job whose dependencies are not all settled: never claimable, not
+    # in the claim indexes, not "ready" to monitoring. Completing its last dependency releases it
+    # (the database trigger leasequeue_job_settled, in the same transaction as that completion).
+    WAITING = "waiting", "waiting"
     LEASED = "leased", "leased"
     DONE = "done", "done"
     DEAD = "dead", "dead"
@@ -62,6 +66,22 @@ class UniqueScope(models.TextChoices):
 
 
 FINISHED_STATUSES = (JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+class DependencyPolicy(models.TextChoices):
+    """What a waiting job does when one of its dependencies ends ``dead`` (or ``cancelled``)."""
+
+    HOLD = "hold", "hold: wait until the dependency is replayed"
+    CANCEL = "cancel", "cancel this job (and its dependents that cancel too)"
+    RUN = "run", "run anyway, with the failure passed in"
+
+
+class WorkflowRole(models.TextChoices):
+    """A job's part in its workflow: a member step, or one of the workflow's callbacks."""
+
+    MEMBER = "member", "member"
+    ON_SUCCESS = "on_success", "on_success callback"
+    ON_COMPLETE = "on_complete", "on_complete callback"
 
 
 class Job(models.Model):
@@ -119,6 +139,25 @@ class Job(models.Model):
     rate_limit_secs = models.FloatField(null=True, blank=True)
     # Fair claiming (queue option "fair"): the claim serves these keys round-robin.
     fair_key = models.CharField(max_length=255, null=True, blank=True)
+    # Workflows (docs/howto/workflows.md). A job in a workflow or batch names it, its step name and
+    # its role; waiting_on counts its dependency edges (Dependency rows) not yet settled, and the
+    # job stays "waiting" until it is 0. has_dependents marks a job some other job depends on, so
+    # that the settle trigger runs only for jobs that matter to a workflow. No database foreign
+    # keys: pruning deletes finished rows with plain statements.
+    workflow = models.ForeignKey(
+        "Workflow", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="jobs",
+        db_constraint=False, db_index=False)
+    workflow_step = models.CharField(max_length=255, null=True, blank=True, help_text="step name in its workflow")
+    workflow_role = models.CharField(max_length=12, null=True, blank=True, choices=WorkflowRole.choices)
+    waiting_on = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="dependencies not settled yet (waiting until 0)")
+    has_dependents = models.BooleanField(default=False, db_default=False)
+    pass_result = models.BooleanField(
+        default=False, db_default=False,
+        help_text="on release, the dependencies' results are prepended to args")
+    on_dependency_dead = models.CharField(
+        max_length=6, choices=DependencyPolicy.choices, default=DependencyPolicy.HOLD,
+        db_default=DependencyPolicy.HOLD, help_text="when a dependency is dead: hold, cancel or run")
 
     class Meta:
         db_table = "leasequeue_job"
@@ -157,6 +196,9 @@ class Job(models.Model):
                 "queue", "fair_key", models.F("priority").desc(), "run_at", "id",
                 name="leasequeue_job_fair", condition=Q(status="ready"),
             ),
+            # A workflow's members in order (its page, its results, its counts).
+            models.Index(fields=["workflow", "id"], name="leasequeue_job_workflow",
+                         condition=Q(workflow__isnull=False)),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -165,7 +207,7 @@ class Job(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["unique_key"], name="leasequeue_job_unique_active",
-                condition=Q(unique_key__isnull=False, unique_scope="active", status__in=["ready", "leased"]),
+                condition=Q(unique_key__isnull=False, unique_scope="active", status__in=["ready", "waiting", "leased"]),
             ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100), name="leasequeue_job_priority_range"
@@ -201,6 +243,99 @@ class HaltedSequence(Job):
         proxy = True
         verbose_name = "halted sequence"
         verbose_name_plural = "halted sequences"
+
+
+class WorkflowKind(models.TextChoices):
+    """How a workflow was built (the admin shows it; the rules are the same for every kind)."""
+
+    CHAIN = "chain", "chain"
+    GROUP = "group", "group"
+    CHORD = "chord", "chord"
+    BATCH = "batch", "batch"
+    GRAPH = "graph", "dependency graph"
+
+
+class Workflow(models.Model):
+    """A chain, group, chord, batch or dependency graph of jobs, with its progress counters.
+
+    The ``members_*`` counters are kept by the database trigger ``leasequeue_job_settled`` in the
+    transaction that moves a member into or out of a finished state, so they are exact at every
+    commit. When the workflow is closed (``closed_at`` set; a batch is open until ``close()``) and
+    no member is pending, its callbacks are released: ``on_complete`` always, ``on_success`` when
+    every member is done (else the workflow's ``on_dependency_dead`` policy decides). Because the
+    release is a state change of the callback row (``waiting`` to ``ready``) under the workflow
+    row's lock, it happens exactly once, whoever finishes last.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=10, choices=WorkflowKind.choices)
+    name = models.CharField(max_length=255, blank=True, default="")
+    unique_key = models.CharField(max_length=255, null=True, blank=True,
+                                  help_text="building a workflow with a taken key returns the existing one")
+    on_dependency_dead = models.CharField(
+        max_length=6, choices=DependencyPolicy.choices, default=DependencyPolicy.HOLD,
+        help_text="default policy of its steps and of its on_success callback")
+    created_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True, help_text="null: an open batch (members may be added)")
+    progressed_at = models.DateTimeField(help_text="last member settled, added or replayed")
+    finished_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="closed, no member pending, no callback pending")
+    members = models.PositiveIntegerField(default=0)
+    members_pending = models.PositiveIntegerField(default=0, help_text="waiting, ready or leased")
+    members_done = models.PositiveIntegerField(default=0)
+    members_dead = models.PositiveIntegerField(default=0)
+    members_cancelled = models.PositiveIntegerField(default=0)
+    on_success = models.ForeignKey(Job, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+",
+                                   db_constraint=False, db_index=False)
+    on_complete = models.ForeignKey(Job, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+",
+                                    db_constraint=False, db_index=False)
+
+    class Meta:
+        db_table = "leasequeue_workflow"
+        ordering = ["-id"]
+        indexes = [
+            # Monitoring: the unfinished workflows, oldest progress first.
+            models.Index(fields=["progressed_at"], name="leasequeue_workflow_active",
+                         condition=Q(finished_at__isnull=True)),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["unique_key"], name="leasequeue_workflow_unique",
+                                    condition=Q(unique_key__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        label = f" {self.name}" if self.name else ""
+        return f"{self.kind} #{self.id}{label}"
+
+
+class Dependency(models.Model):
+    """An edge of a dependency graph: ``job`` waits for ``depends_on``.
+
+    ``name`` is the dependency's step name (its job id as text when it is not a step of the same
+    workflow): the key under which its result is passed to ``job``. ``resolved`` becomes true, once,
+    when the edge stops holding ``job`` back (the dependency is done, or dead and ``job`` runs
+    anyway); ``job.waiting_on`` counts the unresolved edges.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.DO_NOTHING, related_name="dependency_edges",
+                            db_constraint=False)
+    depends_on = models.ForeignKey(Job, on_delete=models.DO_NOTHING, related_name="dependent_edges",
+                                   db_constraint=False, db_index=False)
+    name = models.CharField(max_length=255)
+    resolved = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "leasequeue_dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="leasequeue_dependency_edge"),
+        ]
+        indexes = [
+            models.Index(fields=["depends_on"], name="leasequeue_dependency_from"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} waits for #{self.depends_on_id} ({self.name})"
 
 
 # The scheduler's bookkeeping of a schedule: written by the scheduler's own statements (and by

@@ -132,11 +132,11 @@ def test_import_does_not_import_models():
 # package's __init__ (the public facade).
 LAYERS: dict[str, tuple[str, ...]] = {
     "leaves": ("exceptions", "conf", "cron", "cron.*", "retry", "runtime", "signals", "compat_tasks", "registry",
-               "arguments", "payload", "failures"),
+               "arguments", "payload", "failures", "steps"),
     "models": ("models",),
     "store": ("store", "store.*"),
     "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "processes",
-                 "reaper", "scheduler", "health", "health.*", "notify"),
+                 "reaper", "scheduler", "health", "health.*", "notify", "workflows", "workflows.*"),
     "adapters": ("admin", "admin.*", "backends", "backends.*", "checks", "apps", "views", "urls", "metrics",
                  "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
 }

@@ -26,6 +26,8 @@ Where to look, and where a new statement goes:
 ``read``            monitoring's read-only queries (health snapshot, lease report, one job)
 ``sequences``       the enqueue lock of a sequence key, skipping a dead job that halts its
                     sequence, the list of halted sequences
+``workflows``       building workflows and batches (their rows, steps and dependency edges),
+                    closing a batch, a workflow's counts and results, a job's dependencies
 ``testing``         statements only the testing helpers use (claim ids, expire a lease, make
                     due, the session clock offset)
 ==================  ===========================================================================
@@ -237,6 +239,30 @@ from .testing import (
     job_expire_lease,
     job_make_due,
 )
+from .workflows import (
+    DEPENDENCY_LOCK,
+    DEPENDENCY_TABLE,
+    JOB_DEPENDENCIES,
+    WORKFLOW_ADD_MEMBERS,
+    WORKFLOW_CLOSE,
+    WORKFLOW_COUNTS,
+    WORKFLOW_INSERT,
+    WORKFLOW_RESULTS,
+    WORKFLOW_SETTLE,
+    WORKFLOW_STEPS_INSERT,
+    WORKFLOW_TABLE,
+    DependencyOutcome,
+    NewStep,
+    job_dependencies,
+    workflow_add_members,
+    workflow_close,
+    workflow_counts,
+    workflow_create,
+    workflow_get_by_unique_key,
+    workflow_insert_steps,
+    workflow_results,
+    workflow_set_callbacks,
+)
 
 __all__ = [
     "JOB_CLAIM_FAIR", "RATE_KEY_PRUNE", "fair_order", "rate_key_log", "rate_key_prune",
@@ -272,3 +298,27 @@ __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRec
             "schedule_record_paused"]
 __all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]
 __all__ += ["FLOW_RULES"]
+__all__ += [
+    "DEPENDENCY_LOCK",
+    "DEPENDENCY_TABLE",
+    "JOB_DEPENDENCIES",
+    "WORKFLOW_ADD_MEMBERS",
+    "WORKFLOW_CLOSE",
+    "WORKFLOW_COUNTS",
+    "WORKFLOW_INSERT",
+    "WORKFLOW_RESULTS",
+    "WORKFLOW_SETTLE",
+    "WORKFLOW_STEPS_INSERT",
+    "WORKFLOW_TABLE",
+    "DependencyOutcome",
+    "NewStep",
+    "job_dependencies",
+    "workflow_add_members",
+    "workflow_close",
+    "workflow_counts",
+    "workflow_create",
+    "workflow_get_by_unique_key",
+    "workflow_insert_steps",
+    "workflow_results",
+    "workflow_set_callbacks",
+]

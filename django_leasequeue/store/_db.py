@@ -28,6 +28,13 @@ SCHEDULE_TABLE = Schedule._meta.db_table
 # The statement clock, optionally overridden by the caller (tests pass an aware datetime).
 CLOCK = "SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now"
 
+# The clock of a statement that may finish a workflow job: it also tells the settle trigger
+# (migration 0011) which channel to NOTIFY for the jobs it releases, as a transaction-local setting
+# (set_config(..., true): nothing outlives the transaction, so a pooled connection carries nothing
+# to its next client). %(wake)s is the channel, or NULL when notifications are off.
+CLOCK_WAKING = ("SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now, "
+                "set_config('leasequeue.notify_channel', coalesce(%(wake)s::text, ''), true) AS wake")
+
 # The largest fencing token (migration 0004's leasequeue_job_lease_version_range). Every claim,
 # reap, release and replay adds 1, so a row written by hand with a token at (or next to) the bound
 # would make that statement refused by the constraint, for every row it writes: the claim of every

@@ -208,7 +208,8 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
         "errors": [], "history": [], "result": None, "created_at": row[2], "started_at": None,
         "attempted_at": None, "finished_at": None,
         "rate_key": job.rate_key, "rate_limit_n": job.rate_limit_n, "rate_limit_secs": job.rate_limit_secs,
-        "fair_key": job.fair_key,
+        "fair_key": job.fair_key, "workflow_id": None, "workflow_step": None, "workflow_role": None,
+        "waiting_on": 0, "has_dependents": False, "pass_result": False, "on_dependency_dead": "hold",
     }
     return Job.from_db(alias, _JOB_ATTNAMES, [values[name] for name in _JOB_ATTNAMES])
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._db import CLOCK, JOB_TABLE, TOKEN_MAX, _dumps, _run
+from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run
 
 # Extend the leases of many jobs at once. Only leased_until changes, and leased_until is in no
 # index, so with the table's fillfactor these are HOT updates. Returns the rows still held, with
@@ -88,7 +88,8 @@ def job_renew(leases: Iterable[tuple[int, int, float]], *, now: datetime | None 
 JOB_COMPLETE = f"""
 WITH clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now,
-           CASE WHEN %(durable)s THEN NULL ELSE set_config('synchronous_commit', 'off', true) END AS sync
+           CASE WHEN %(durable)s THEN NULL ELSE set_config('synchronous_commit', 'off', true) END AS sync,
+           set_config('leasequeue.notify_channel', coalesce(%(wake)s::text, ''), true) AS wake
 ),
 fin AS (
     UPDATE {JOB_TABLE} j
@@ -137,7 +138,8 @@ def job_complete(items: Iterable[tuple[int, int, str | None]], *, now: datetime 
     if not items:
         return Completed()
     results = [x[2] for x in items]
-    params = {"now": now, "durable": synchronous_commit, "ids": ",".join([str(x[0]) for x in items]),
+    params = {"now": now, "durable": synchronous_commit, "wake": _notify_channel(),
+              "ids": ",".join([str(x[0]) for x in items]),
               "versions": ",".join([str(x[1]) for x in items]),
               "results": results if any(r is not None for r in results) else None}
     row = _run(JOB_COMPLETE, params, alias=alias).one()
@@ -201,7 +203,7 @@ def _notify_channel() -> str | None:
 # gets the database time appended. Fenced like every other worker write. A job whose cancel was
 # requested while it ran ends ``cancelled`` (error kept): retrying it would defeat the cancel.
 JOB_FAIL = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
+WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
                   WHEN %(delay)s::float8 IS NULL OR j.attempts >= j.max_attempts THEN 'dead'
@@ -235,7 +237,8 @@ def job_fail(job_id: int, version: int, error: dict[str, Any], *, retry_delay: f
     """
     params = {"now": now, "id": job_id, "version": version, "error": _dumps(error),
               "delay": None if retry_delay is None else float(retry_delay)}
-    params["channel"] = _notify_channel() if retry_delay is not None else None
+    params["wake"] = _notify_channel()
+    params["channel"] = params["wake"] if retry_delay is not None else None
     row = _run(JOB_FAIL, params, alias=alias).one()
     return (row[0], row[1]) if row else None
 

@@ -15,34 +15,35 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from ._db import CLOCK, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
+from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
 
-# Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job is
-# cancelled at once; a leased job gets cancel_requested, which its worker learns at the next
-# heartbeat (ctx.cancel_requested, ctx.check_cancel() raising JobCancelled), and which makes any
-# later completion, failure, snooze, release or reap of that lease end the job cancelled. Setting
-# the flag touches no indexed column, so on a leased row it is a HOT update. Rows are locked in id
-# order (the ORDER BY sits below FOR UPDATE) so two bulk cancels cannot deadlock each other; a
-# row held by a claim or a fenced_atomic() commit is waited for and re-checked after it commits.
+# Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job, or a
+# workflow step still waiting for its dependencies, is cancelled at once; a leased job gets
+# cancel_requested, which its worker learns at the next heartbeat (ctx.cancel_requested,
+# ctx.check_cancel() raising JobCancelled), and which makes any later completion, failure, snooze,
+# release or reap of that lease end the job cancelled. Setting the flag touches no indexed column,
+# so on a leased row it is a HOT update. Rows are locked in id order (the ORDER BY sits below FOR
+# UPDATE) so two bulk cancels cannot deadlock each other; a row held by a claim or a
+# fenced_atomic() commit is waited for and re-checked after it commits.
 JOB_REQUEST_CANCEL = f"""
-WITH clock AS MATERIALIZED ({CLOCK}),
+WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
 target AS MATERIALIZED (
     SELECT j.id FROM {JOB_TABLE} j
     WHERE j.id = ANY(%(ids)s::bigint[])
-      AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+      AND (j.status IN ('ready', 'waiting') OR (j.status = 'leased' AND NOT j.cancel_requested))
     ORDER BY j.id
     FOR UPDATE
 ),
 changed AS (
     UPDATE {JOB_TABLE} j
-    SET status = CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE j.status END,
-        finished_at = CASE WHEN j.status = 'ready' THEN clock.now ELSE j.finished_at END,
+    SET status = CASE WHEN j.status IN ('ready', 'waiting') THEN 'cancelled' ELSE j.status END,
+        finished_at = CASE WHEN j.status IN ('ready', 'waiting') THEN clock.now ELSE j.finished_at END,
         cancel_requested = (j.status = 'leased'),
         history = j.history || jsonb_build_array(jsonb_build_object(
-            'event', CASE WHEN j.status = 'ready' THEN 'cancelled' ELSE 'cancel_requested' END,
+            'event', CASE WHEN j.status IN ('ready', 'waiting') THEN 'cancelled' ELSE 'cancel_requested' END,
             'by', %(by)s::text, 'at', clock.now))
     FROM target, clock
-    WHERE j.id = target.id AND (j.status = 'ready' OR (j.status = 'leased' AND NOT j.cancel_requested))
+    WHERE j.id = target.id AND (j.status IN ('ready', 'waiting') OR (j.status = 'leased' AND NOT j.cancel_requested))
     RETURNING j.status
 )
 SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased') FROM changed
@@ -67,7 +68,7 @@ class CancelCounts:
 
 def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None = None,
                        alias: str | None = None) -> CancelCounts:
-    """Cancel ready jobs now and ask leased jobs to stop, in one statement (10,000 ids are fine).
+    """Cancel ready and waiting jobs now and ask leased jobs to stop, in one statement (10,000 ids are fine).
 
     Args:
         ids: job ids (duplicates are ignored).
@@ -80,7 +81,11 @@ def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None
     ids = sorted({int(i) for i in ids})
     if not ids:
         return CancelCounts(0, 0, 0)
-    cancelled, requested = _run(JOB_REQUEST_CANCEL, {"now": now, "ids": ids, "by": by}, alias=alias).rows[0]
+    from ..conf import get_settings
+
+    settings = get_settings()
+    params = {"now": now, "ids": ids, "by": by, "wake": settings.notify_channel if settings.notify else None}
+    cancelled, requested = _run(JOB_REQUEST_CANCEL, params, alias=alias).rows[0]
     return CancelCounts(cancelled, requested, len(ids) - cancelled - requested)
 
 
@@ -117,7 +122,7 @@ keyed AS MATERIALIZED (
            CASE WHEN t.unique_key IS NOT NULL AND t.unique_scope = 'active' THEN (
                SELECT o.id FROM {JOB_TABLE} o
                WHERE o.unique_key = t.unique_key AND o.unique_scope = 'active'
-                 AND o.status IN ('ready', 'leased') AND o.id <> t.id
+                 AND o.status IN ('ready', 'waiting', 'leased') AND o.id <> t.id
                LIMIT 1)
            END AS holder,
            CASE WHEN t.unique_key IS NOT NULL AND t.unique_scope = 'active'
@@ -127,7 +132,8 @@ keyed AS MATERIALIZED (
 ),
 replayed AS (
     UPDATE {JOB_TABLE} j
-    SET status = 'ready', run_at = clock.now, attempts = 0, lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+    SET status = CASE WHEN j.waiting_on > 0 THEN 'waiting' ELSE 'ready' END, run_at = clock.now, attempts = 0,
+        lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
         interruptions = 0, result = NULL,
         -- Only a job of a halting sequence can have been skipped: replayed, it halts again if it dies.

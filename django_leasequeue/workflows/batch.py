@@ -1,0 +1,148 @@
+"""Batches: a fan-in whose members are added over several transactions, then closed.
+
+A batch's callbacks wait for the close: a batch whose first members finish before the last ones
+are added does not fire early. ``on_complete`` runs once when the closed batch has no pending
+member; ``on_success`` once every member is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+
+from .. import store
+from ..arguments import check_name
+from ..conf import get_settings
+from ..enqueueing import insert_steps
+from ..exceptions import EnqueueError
+from ..steps import Step
+from .build import _as_step, _JobBuilder, check_policy
+from .handle import WorkflowHandle
+
+
+class BatchHandle(WorkflowHandle):
+    """The handle of a batch: a :class:`WorkflowHandle` that can also add members and close."""
+
+    def add(self, *steps: Step) -> list[int]:
+        """Add member steps, in the caller's transaction.
+
+        Args:
+            steps: :class:`~django_leasequeue.steps.Step` objects (no dependencies: members of a
+                batch run as soon as they are due).
+
+        Returns:
+            The new job ids, in order.
+
+        Raises:
+            EnqueueError: the batch is closed (nothing is written), or a step is invalid.
+        """
+        builder = _JobBuilder()
+        new = [store.NewStep(builder.build(_as_step(step, f"batch member {n}"), pass_result=False,
+                                           what=f"batch member {n}"))
+               for n, step in enumerate(steps, 1)]
+        if not new:
+            return []
+        with transaction.atomic(using=self.alias):
+            if not store.workflow_add_members(self.id, len(new), alias=self.alias):
+                raise EnqueueError(f"batch #{self.id} is closed (or does not exist): open a new batch")
+            ids: list[int] = []
+            for start in range(0, len(new), 10_000):
+                ids.extend(insert_steps(self.id, new[start:start + 10_000], alias=self.alias))
+        return ids
+
+    def add_many(self, task: Any, arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+                 **options: Any) -> list[int]:
+        """Add one member per item of ``arg_list``, like :func:`~django_leasequeue.enqueue_many`.
+
+        Args:
+            task: a task or a registered task name.
+            arg_list: each item a list of positional arguments, or ``(args, kwargs)``.
+            options: step options (``queue``, ``priority``, ``run_at``, ``max_attempts``).
+
+        Returns:
+            The new job ids, in order.
+        """
+        steps = []
+        for item in arg_list:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+                args, kwargs = item
+            else:
+                args, kwargs = item, {}
+            steps.append(Step(task, tuple(args), dict(kwargs), dict(options)))
+        return self.add(*steps)
+
+    def close(self) -> bool:
+        """Close the batch: no member can be added any more, and its callbacks run once no member
+        is pending (at once, when none is).
+
+        Returns:
+            True when this call closed it; False when it was closed already.
+        """
+        settings = get_settings()
+        return store.workflow_close(self.id, channel=settings.notify_channel if settings.notify else None,
+                                    alias=self.alias)
+
+
+class Batch:
+    """Opens batches (:meth:`open`); a batch is then used through its :class:`BatchHandle`."""
+
+    @staticmethod
+    def open(name: str = "", *, on_success: Step | None = None, on_complete: Step | None = None,
+             unique_key: str | None = None, on_dependency_dead: str = "hold") -> BatchHandle:
+        """Create an open batch, in the caller's transaction.
+
+        Args:
+            name: a label (at most 255 characters).
+            on_success: a step to run once every member is done.
+            on_complete: a step to run once every member has finished (done, dead or cancelled).
+            unique_key: opening again with the same key returns the existing batch (``created``
+                False, nothing written).
+            on_dependency_dead: ``"hold"`` (default: ``on_success`` waits for dead members to be
+                replayed and done), ``"cancel"`` (it is cancelled) or ``"run"`` (it runs anyway).
+
+        Returns:
+            Its :class:`BatchHandle`.
+
+        Raises:
+            EnqueueError: a bad name, key, policy or callback step (nothing is written).
+        """
+        if name:
+            check_name(name, "batch name", 255)
+        if unique_key is not None:
+            check_name(unique_key, "batch unique_key", 255)
+        policy = check_policy(on_dependency_dead, "on_dependency_dead")
+        builder = _JobBuilder()
+        callbacks = [store.NewStep(builder.build(_as_step(step, role), pass_result=bool(step.pass_result), what=role),
+                                   role=role, pass_result=bool(step.pass_result))
+                     for role, step in (("on_success", on_success), ("on_complete", on_complete))
+                     if step is not None]
+        alias = store.db_alias()
+        with transaction.atomic(using=alias):
+            workflow_id = store.workflow_create(kind="batch", name=name, unique_key=unique_key,
+                                                on_dependency_dead=policy, closed=False, members=0, alias=alias)
+            if workflow_id is None:
+                existing = store.workflow_get_by_unique_key(unique_key or "", alias=alias)
+                if existing is None:
+                    raise EnqueueError(f"batch unique_key {unique_key!r} kept changing hands; try again")
+                return BatchHandle(existing.id, created=False, alias=alias)
+            ids = insert_steps(workflow_id, callbacks, alias=alias)
+            roles = {s.role: i for s, i in zip(callbacks, ids, strict=True)}
+            if roles:
+                store.workflow_set_callbacks(workflow_id, on_success=roles.get("on_success"),
+                                             on_complete=roles.get("on_complete"), alias=alias)
+        return BatchHandle(workflow_id, alias=alias)
+
+    @staticmethod
+    def get(batch_id: int) -> BatchHandle:
+        """The handle of an existing batch.
+
+        Raises:
+            LookupError: no batch has this id.
+        """
+        from ..models import Workflow
+
+        if not Workflow.objects.using(store.db_alias()).filter(id=batch_id, kind="batch").exists():
+            raise LookupError(f"no batch #{batch_id}")
+        return BatchHandle(batch_id, created=False)

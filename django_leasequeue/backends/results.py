@@ -24,6 +24,8 @@ _R = TypeVar("_R")
 
 _STATUS = {
     "ready": TaskResultStatus.READY,
+    # A workflow step (or dependent job) not released yet: queued, from the framework's view.
+    "waiting": TaskResultStatus.READY,
     "leased": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "dead": TaskResultStatus.FAILED,

@@ -147,7 +147,7 @@ class Config:
         return self.db + "_tpl"
 
 
-SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "peers"]
+SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "workflows", "peers"]
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
@@ -548,6 +548,130 @@ def bench_flow(cfg: Config, dbs: Databases, workdir: str) -> dict[str, list[dict
         for label, rate in rates.items():
             runs[label].append({"jobs_per_s": rate, "vs_plain": rate / plain_rate})
             log(f"flow {label} rep {rep}/{cfg.reps}: {rate:,.0f} jobs/s ({rate / plain_rate:.2f} x plain)")
+    return runs
+
+
+# The workflows section: building a 10,000-member batch and group, draining a batch with an
+# on_success callback against a plain drain of the same task, and a chain's step-to-step latency.
+WF_MEMBERS = 10_000
+WF_CHAIN_STEPS = 60
+
+
+def _wait_settled(c: psycopg.Connection, label: str, workers: Workers, timeout: float) -> None:
+    """Wait until no job is ready, leased or waiting (the drain, callbacks included, is over)."""
+    deadline = time.monotonic() + timeout
+    while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job "
+                    "WHERE status IN ('ready', 'leased', 'waiting'))").fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label}: not drained in time; {workers.tail()}")
+        workers.check_alive()
+        time.sleep(0.05)
+
+
+def bench_workflows(cfg: Config, dbs: Databases, workdir: str) -> dict[str, list[dict]]:
+    """The three workflow rows, each repetition on a fresh database.
+
+    * build: ``Batch.open`` + ``add_many`` of :data:`WF_MEMBERS` members + ``close``, and
+      ``group()`` of as many steps enqueued, in jobs/s (wall clock around the calls);
+    * drain: a closed batch of :data:`WF_MEMBERS` members with an ``on_success`` callback and a plain
+      ``enqueue_many`` of as many jobs of the same task, 1 x 4 worker, alternating which goes first;
+      jobs/s from ``min(attempted_at)`` to ``max(finished_at)`` (the callback included for the
+      batch) and the ratio plain / batch; the ledger is checked (every member done in one attempt,
+      the callback done exactly once, after the last member);
+    * chain: a chain of :data:`WF_CHAIN_STEPS` steps into an idle 1 x 4 worker (NOTIFY on); the
+      latency of each step is ``attempted_at`` of the step minus ``finished_at`` of the previous one
+      (database times), in ms.
+
+    Returns ``{"build_batch": [...], "build_group": [...], "drain": [...], "chain": [...]}``."""
+    dbs.setup_django()
+    from lqbench import tasks
+
+    from django_leasequeue import Batch, chain, enqueue_many, group, store
+
+    runs: dict[str, list[dict]] = {"build_batch": [], "build_group": [], "drain": [], "chain": []}
+    reps = max(3, cfg.reps)
+    n = WF_MEMBERS
+    for rep in range(1, reps + 1):
+        dbs.fresh()
+        tasks.wf_member.enqueue(0)  # connect, warm caches
+        t0 = time.perf_counter()
+        batch = Batch.open("bench", on_success=tasks.wf_callback.step())
+        batch.add_many(tasks.wf_member, [[i] for i in range(n)])
+        batch.close()
+        rate_batch = n / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        group(*[tasks.wf_member.step(i) for i in range(n)]).enqueue()
+        rate_group = n / (time.perf_counter() - t0)
+        runs["build_batch"].append({"jobs_per_s": rate_batch})
+        runs["build_group"].append({"jobs_per_s": rate_group})
+        log(f"workflows build rep {rep}/{reps}: batch {rate_batch:,.0f} jobs/s, group {rate_group:,.0f} jobs/s")
+
+    for rep in range(1, reps + 1):
+        rates: dict[str, float] = {}
+        for kind in (("plain", "batch") if rep % 2 else ("batch", "plain")):
+            db = dbs.fresh()
+            with connect(db) as c:
+                store.queue_pause("default", by="bench", wait=False)
+                if kind == "plain":
+                    enqueue_many(tasks.wf_member, [[i] for i in range(n)])
+                else:
+                    batch = Batch.open("bench", on_success=tasks.wf_callback.step())
+                    batch.add_many(tasks.wf_member, [[i] for i in range(n)])
+                    batch.close()
+                c.execute("ANALYZE leasequeue_job")
+                workers = Workers(cfg, 1, 4, log_path=os.path.join(workdir, f"wf-drain-{kind}-{rep}.log"))
+                try:
+                    workers.wait_registered(c)
+                    time.sleep(0.5)
+                    store.queue_resume("default")
+                    _wait_settled(c, f"workflows drain {kind}", workers, max(120.0, n / 50))
+                finally:
+                    workers.stop()
+                total, done, attempts, first, last = c.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE status = 'done'), sum(attempts), min(attempted_at), "
+                    "max(finished_at) FROM leasequeue_job").fetchone()
+                if kind == "batch":
+                    cb = c.execute(
+                        "SELECT count(*), count(*) FILTER (WHERE status = 'done'), sum(attempts), "
+                        "min(attempted_at) FROM leasequeue_job WHERE task = 'bench.wf_callback'").fetchone()
+                    last_member = c.execute("SELECT max(finished_at) FROM leasequeue_job "
+                                            "WHERE task = 'bench.wf_member'").fetchone()[0]
+                    wf = c.execute("SELECT members, members_done, finished_at IS NOT NULL "
+                                   "FROM leasequeue_workflow").fetchall()
+                    if cb[:3] != (1, 1, 1) or cb[3] < last_member or wf != [(n, n, True)]:
+                        raise RuntimeError(f"workflows drain: ledger wrong: callback {cb}, workflow {wf}")
+                    expect = n + 1
+                else:
+                    expect = n
+                if (total, done, attempts) != (expect, expect, expect):
+                    raise RuntimeError(f"workflows drain {kind}: {done} of {total} done in {attempts} attempts, "
+                                       f"expected {expect}")
+            rates[kind] = done / (last - first).total_seconds()
+        runs["drain"].append({"plain_per_s": rates["plain"], "batch_per_s": rates["batch"],
+                              "plain_over_batch": rates["plain"] / rates["batch"]})
+        log(f"workflows drain rep {rep}/{reps}: plain {rates['plain']:,.0f} jobs/s, batch {rates['batch']:,.0f} "
+            f"jobs/s ({rates['plain'] / rates['batch']:.2f} x)")
+
+    for rep in range(1, reps + 1):
+        db = dbs.fresh()
+        with connect(db) as c:
+            workers = Workers(cfg, 1, 4, log_path=os.path.join(workdir, f"wf-chain-{rep}.log"))
+            try:
+                workers.wait_registered(c)
+                time.sleep(1.0)  # the listener connects right after registering
+                chain(*[tasks.wf_step.step() for _ in range(WF_CHAIN_STEPS)]).enqueue()
+                _wait_settled(c, "workflows chain", workers, 60.0)
+            finally:
+                workers.stop()
+            rows = c.execute("SELECT workflow_step::int, status, attempted_at, finished_at, result "
+                             "FROM leasequeue_job ORDER BY workflow_step::int").fetchall()
+        if [r[:2] for r in rows] != [(i, "done") for i in range(1, WF_CHAIN_STEPS + 1)]:
+            raise RuntimeError(f"workflows chain: steps {[r[:2] for r in rows]}")
+        lats = [(rows[i][2] - rows[i - 1][3]).total_seconds() * 1000.0 for i in range(1, len(rows))]
+        runs["chain"].append({"p50_ms": percentile(lats, 50), "p99_ms": percentile(lats, 99),
+                              "max_ms": max(lats), "samples": len(lats), "last_result": rows[-1][4]})
+        log(f"workflows chain rep {rep}/{reps}: p50 {percentile(lats, 50):.1f} ms, p99 {percentile(lats, 99):.1f} ms "
+            f"over {len(lats)} steps; last result {rows[-1][4]}")
     return runs
 
 
@@ -1293,6 +1417,27 @@ def report(cfg: Config, results: dict) -> str:
             ok = median(ratios) is not None and median(ratios) >= 0.5
             w(f"| {label} | {fmt(median([x['jobs_per_s'] for x in runs]))} | {median(ratios):.2f} "
               f"[{min(ratios):.2f}-{max(ratios):.2f}] | {'within 2x' if ok else 'SLOWER than 2x'} |")
+    if "workflows" in results:
+        wf = results["workflows"]
+        w("")
+        w(f"Workflows: {WF_MEMBERS:,}-member batch and group, drains 1 x 4 threads, a {WF_CHAIN_STEPS}-step chain "
+          f"into an idle worker (NOTIFY on); median [min-max] of {len(wf['drain'])} repetitions.")
+        w("")
+        w("| row | figure [min-max] | target | verdict |")
+        w("|---|---|---|---|")
+        for key, what in (("build_batch", "build a batch (open + add_many + close), jobs/s"),
+                          ("build_group", "build a group() and enqueue it, jobs/s")):
+            m = median([x["jobs_per_s"] for x in wf[key]])
+            w(f"| {what} | {spread(wf[key], 'jobs_per_s')} | >= 50,000 | {verdict(m is not None and m >= 50_000)} |")
+        d = wf["drain"]
+        w(f"| drain plain, jobs/s | {spread(d, 'plain_per_s')} | | |")
+        w(f"| drain batch + on_success, jobs/s (ledger checked) | {spread(d, 'batch_per_s')} | | |")
+        m = median([x["plain_over_batch"] for x in d])
+        w(f"| plain / batch | {spread(d, 'plain_over_batch', 2)} | <= 1.5 | {verdict(m is not None and m <= 1.5)} |")
+        ch = wf["chain"]
+        m = median([x["p50_ms"] for x in ch])
+        w(f"| chain step-to-step p50, ms | {spread(ch, 'p50_ms', 1)} | <= 10 | {verdict(m is not None and m <= 10)} |")
+        w(f"| chain step-to-step p99, ms | {spread(ch, 'p99_ms', 1)} | | |")
     return "\n".join(out)
 
 
@@ -1399,6 +1544,8 @@ def main(argv: list[str] | None = None) -> int:
             results["claim"] = bench_claim_cost(cfg, dbs, workdir)
         if "flow" in cfg.sections:
             results["flow"] = bench_flow(cfg, dbs, workdir)
+        if "workflows" in cfg.sections:
+            results["workflows"] = bench_workflows(cfg, dbs, workdir)
     finally:
         if needs_db and not cfg.keep:
             dbs.drop_all()

@@ -87,3 +87,19 @@ def flow_seq(i: int) -> None:
 @task(name="bench.flow_plain")
 def flow_plain(i: int) -> None:
     """The flow section's reference: the same no-op and argument, no key."""
+
+
+@task(name="bench.wf_member")
+def wf_member(i: int) -> None:
+    """A workflow member that does nothing (the workflows section's drain job)."""
+
+
+@task(name="bench.wf_callback")
+def wf_callback() -> None:
+    """A batch's on_success callback that does nothing (the bench counts its job rows and attempts)."""
+
+
+@task(name="bench.wf_step")
+def wf_step(previous: int | None = None) -> int:
+    """A chain step: return the previous step's result plus one (chain passes it in)."""
+    return (previous or 0) + 1

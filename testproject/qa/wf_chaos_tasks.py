@@ -48,7 +48,7 @@ def wf_fenced(context: JobContext, *values: int, work: float = 0.0) -> int:
         return sum(values)
 
 
-@task(name="qa.wf_callback", takes_context=True, max_attempts=25, backoff=RETRY)
+@task(name="qa.wf_chaos_callback", takes_context=True, max_attempts=25, backoff=RETRY)
 def wf_callback(context: JobContext, results: list[int], *values: int) -> dict[str, int]:
     """A fan-in callback: the members' results (list, in member order); returns their count and
     sum. Each run is a ledger row of task ``qa.wf_callback``: the callback executions."""

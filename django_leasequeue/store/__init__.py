@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from ._db import (
     CLOCK,
+    CLOCK_WAKING,
     FLOW_RULES,
     JOB_TABLE,
     PROCESS_TABLE,
@@ -322,3 +323,4 @@ __all__ += [
     "workflow_results",
     "workflow_set_callbacks",
 ]
+__all__ += ["CLOCK_WAKING"]

@@ -249,6 +249,7 @@ from .workflows import (
     WORKFLOW_COUNTS,
     WORKFLOW_INSERT,
     WORKFLOW_RESULTS,
+    WORKFLOW_SET_CALLBACKS,
     WORKFLOW_SETTLE,
     WORKFLOW_STEPS_INSERT,
     WORKFLOW_TABLE,
@@ -324,3 +325,4 @@ __all__ += [
     "workflow_set_callbacks",
 ]
 __all__ += ["CLOCK_WAKING"]
+__all__ += ["WORKFLOW_SET_CALLBACKS"]

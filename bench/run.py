@@ -461,13 +461,7 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
                              for p in workers.procs]
                 time.sleep(0.5 if not spies else 2.0)  # listeners connect right after registering
                 store.queue_resume("default")  # NOTIFY at commit wakes the workers
-                deadline = time.monotonic() + max(120.0, cfg.jobs / 50)
-                while c.execute("SELECT EXISTS (SELECT 1 FROM leasequeue_job "
-                                "WHERE status IN ('ready', 'leased'))").fetchone()[0]:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{label}: not drained in time; {workers.tail()}")
-                    workers.check_alive()
-                    time.sleep(0.05)
+                _wait_settled(c, label, workers, max(120.0, cfg.jobs / 50))
                 rss = workers.peak_rss_mb()
             finally:
                 workers.stop()

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .store import NewJob, NewStep
 
 __all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs",
-           "insert_steps", "task"]
+           "insert_steps", "split_arg_item", "task"]
 
 # The store (and with it the models) is imported inside the functions below, not here: ``@task``
 # runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
@@ -573,6 +573,22 @@ def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: st
     return ids
 
 
+def split_arg_item(item: Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
+    """One item of a bulk enqueue's ``arg_list`` as ``(args, kwargs)``: a list/tuple of positional
+    arguments, or ``(args, kwargs)`` when it is a 2-tuple whose second element is a dict.
+
+    Raises:
+        EnqueueError: the positional arguments are a str, bytes or not iterable.
+    """
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+        args, kwargs = item
+    else:
+        args, kwargs = item, {}
+    if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
+        raise EnqueueError(f"args must be a list or tuple of arguments, got {args!r}")
+    return list(args), dict(kwargs)
+
+
 def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
                  arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
                  **options: Unpack[JobOptions]) -> int:
@@ -590,15 +606,7 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
 
     task_spec = resolve_task(task_or_name)
     settings = get_settings()
-    pairs = []
-    for item in arg_list:
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
-            a, kw = item
-        else:
-            a, kw = item, {}
-        if isinstance(a, (str, bytes)) or not isinstance(a, Iterable):
-            raise EnqueueError(f"args must be a list or tuple of arguments, got {a!r}")
-        pairs.append((list(a), dict(kw)))
+    pairs = [split_arg_item(item) for item in arg_list]
     if not pairs:
         return 0
     report = signals.enabled("enqueued")

@@ -15,7 +15,7 @@ from django.db import transaction
 from .. import store
 from ..arguments import check_name
 from ..conf import get_settings
-from ..enqueueing import insert_steps
+from ..enqueueing import insert_steps, split_arg_item
 from ..exceptions import EnqueueError
 from ..steps import Step
 from .build import _as_step, _JobBuilder, check_policy
@@ -63,14 +63,13 @@ class BatchHandle(WorkflowHandle):
 
         Returns:
             The new job ids, in order.
+
+        Raises:
+            EnqueueError: an item's positional arguments are a str or not a list (as
+                ``enqueue_many()``), the batch is closed, or a step is invalid.
         """
-        steps = []
-        for item in arg_list:
-            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
-                args, kwargs = item
-            else:
-                args, kwargs = item, {}
-            steps.append(Step(task, tuple(args), dict(kwargs), dict(options)))
+        steps = [Step(task, tuple(args), kwargs, dict(options))
+                 for args, kwargs in map(split_arg_item, arg_list)]
         return self.add(*steps)
 
     def close(self) -> bool:

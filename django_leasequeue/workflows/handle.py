@@ -93,6 +93,9 @@ class WorkflowHandle:
     def blocked_by(self) -> list[Job]:
         """The dead or cancelled jobs that hold back a waiting job of this workflow (replay them
         to resume), in id order."""
+        return self._blocked_by(self.row())
+
+    def _blocked_by(self, row: Workflow) -> list[Job]:
         from ..models import Job
 
         waiting = self.jobs().filter(status="waiting").values("id")
@@ -100,7 +103,6 @@ class WorkflowHandle:
             dependent_edges__job__in=waiting, dependent_edges__resolved=False,
             status__in=("dead", "cancelled")).distinct().order_by("id")
         members_failed = self.members().filter(status__in=("dead", "cancelled"))
-        row = self.row()
         if row.on_success_id is not None and row.members_pending == 0 and self.jobs().filter(
                 id=row.on_success_id, status="waiting").exists():
             return list((held | members_failed).distinct().order_by("id"))
@@ -124,7 +126,7 @@ class WorkflowHandle:
             if row.members and row.members_cancelled == row.members:
                 return "cancelled"
             return "finished"
-        if self.blocked_by():
+        if self._blocked_by(row):
             return "blocked"
         return "running"
 

@@ -15,6 +15,7 @@ from decimal import Decimal
 from django_leasequeue import Backoff, JobContext, LeaseLost, Retry, task
 
 from . import ledger
+from .effects import commit_fenced_effect
 from .models import Effect, Execution, Probe
 
 # Task names this process leaves unregistered (comma-separated): the chaos suite's rolling deploy
@@ -260,14 +261,7 @@ def chaos(context: JobContext, work: float = 0.0, mark: bool = False) -> None:
             _record(context, "chaos-started")
         if work:
             time.sleep(work)
-        try:
-            with context.fenced_atomic():
-                Effect.objects.create(key=f"job-{context.job_id}", job_id=context.job_id,
-                                      lease_version=context.lease_version)
-        except LeaseLost:
-            Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced",
-                                 ok=False)
-            raise
+        commit_fenced_effect(context)
 
 
 @task(name="qa.chaos_plain", takes_context=True, max_attempts=25, backoff=Backoff(base=0.05, factor=2, max=0.5))

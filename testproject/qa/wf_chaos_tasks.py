@@ -10,10 +10,10 @@ import os
 import time
 from pathlib import Path
 
-from django_leasequeue import Backoff, JobContext, LeaseLost, task
+from django_leasequeue import Backoff, JobContext, task
 
 from . import ledger
-from .models import Effect, Probe
+from .effects import commit_fenced_effect
 
 RETRY = Backoff(base=0.05, factor=2, max=0.5)
 
@@ -37,14 +37,7 @@ def wf_fenced(context: JobContext, *values: int, work: float = 0.0) -> int:
     with ledger.execution(context, "qa.wf_fenced"):
         if work:
             time.sleep(work)
-        try:
-            with context.fenced_atomic():
-                Effect.objects.create(key=f"job-{context.job_id}", job_id=context.job_id,
-                                      lease_version=context.lease_version)
-        except LeaseLost:
-            Probe.objects.create(job_id=context.job_id, lease_version=context.lease_version, kind="fenced",
-                                 ok=False)
-            raise
+        commit_fenced_effect(context)
         return sum(values)
 
 

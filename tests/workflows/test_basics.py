@@ -42,3 +42,13 @@ def test_batch():
     b.close()
     drain()
     assert b.callbacks()["on_complete"].result == 6
+
+
+def test_add_many_refuses_a_string_as_arguments_and_writes_nothing():
+    from django_leasequeue.exceptions import EnqueueError
+
+    b = Batch.open()
+    with pytest.raises(EnqueueError, match="args must be a list or tuple"):
+        b.add_many(add, ["12"])
+    assert b.row().members == 0
+    assert b.members().count() == 0

@@ -21,6 +21,7 @@ _EXPORTS = {
     "enqueue_many": "enqueueing",
     "enqueue_on_commit": "enqueueing",
     "JobContext": "context",
+    "FencedCompletion": "context",
     "Backoff": "retry",
     "LeaseQueueError": "exceptions",
     "ConfigurationError": "exceptions",
@@ -47,6 +48,7 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     # "X as X": explicit re-exports for type checkers (__all__ above is computed).
+    from .context import FencedCompletion as FencedCompletion
     from .context import JobContext as JobContext
     from .enqueueing import Task as Task
     from .enqueueing import enqueue as enqueue

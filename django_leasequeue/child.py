@@ -109,6 +109,8 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
         # its description): retry_on/discard_on match its class, a backoff may look at it.
         message = ("raised", {"error": describe_error(exc, attempt=ctx.attempt, worker=ctx.worker_id),
                               "decision": _decide(payload["task"], exc, ctx.attempt)}, False)
+    if message[0] == "returned" and ctx.fenced_result:
+        message = ("returned", None, True)  # fenced_atomic() wrote the result; keep it
     message = (message[0], message[1], ctx.completed_in_transaction)
     conn.send(message)
     conn.close()

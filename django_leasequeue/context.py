@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from .conf import get_settings
 from .exceptions import JobCancelled, JobTimedOut, LeaseLost
+from .payload import encode_result
 
 if TYPE_CHECKING:
     from .store import ClaimedJob, DependencyOutcome
@@ -19,6 +21,36 @@ if TYPE_CHECKING:
 # Decides, between the heartbeat (which times a handler out) and the handler's thread (which
 # reports that it returned), which came first; held for a few instructions, once per job.
 _TIMEOUT_LOCK = threading.Lock()
+
+
+class FencedCompletion:
+    """What ``with ctx.fenced_atomic() as fence:`` yields: sets the result the completion writes.
+
+    Attributes:
+        has_result (bool): True once :meth:`set_result` was called.
+        result_json (str | None): the result as JSON text, or None (no result).
+    """
+
+    __slots__ = ("has_result", "result_json")
+
+    def __init__(self) -> None:
+        self.has_result = False
+        self.result_json: str | None = None
+
+    def set_result(self, value: Any) -> None:
+        """Make ``value`` the job's result, committed with the job's completion at the end of the
+        block (and passed to dependents that take results). A later call replaces an earlier one;
+        ``None`` means no result.
+
+        Args:
+            value: any JSON-compatible value, at most ``MAX_RESULT_BYTES`` as JSON.
+
+        Raises:
+            PayloadNotSerializable: ``value`` is not JSON.
+            ResultTooLarge: its JSON is over ``MAX_RESULT_BYTES``.
+        """
+        self.result_json = None if value is None else encode_result(value, get_settings().max_result_bytes)
+        self.has_result = True
 
 
 @dataclass(eq=False)
@@ -59,6 +91,9 @@ class JobContext:
     _lost: bool = field(default=False, repr=False)
     _cancel: bool = field(default=False, repr=False)
     completed_in_transaction: bool = False
+    # True when fenced_atomic() wrote the job's result itself (fence.set_result()): the value the
+    # handler returns afterwards is then not stored over it.
+    fenced_result: bool = False
     timed_out: bool = False
     claim: ClaimedJob | None = field(default=None, repr=False)
     _returned: bool = field(default=False, repr=False)
@@ -127,9 +162,16 @@ class JobContext:
         return True
 
     @contextmanager
-    def fenced_atomic(self) -> Iterator[None]:
+    def fenced_atomic(self) -> Iterator[FencedCompletion]:
         """Run a block in a transaction that commits only if this worker still holds the lease,
         and marks the job ``done`` in that same transaction.
+
+        It yields a :class:`FencedCompletion`: ``fence.set_result(value)`` inside the block makes
+        ``value`` the job's result, written with the completion. A job whose result its
+        dependents receive (a chain's next step, a chord's callback) must set it so: they are
+        released by that same commit, before the handler can return anything. A value returned
+        after the block is still stored on the job, a moment later, but dependents released by
+        the commit do not receive it (the job's history then says so, ``result_after_release``).
 
         The job row is locked and its fencing token re-checked first, so a stale worker (one that
         was paused past its lease while another took the job) gets :class:`LeaseLost` and its
@@ -150,6 +192,8 @@ class JobContext:
             JobTimedOut: the handler ran past its task's timeout (before the block or while it
                 ran); nothing inside the block was committed.
             RuntimeError: used inside another ``atomic()`` block, or a second time in one attempt.
+            PayloadNotSerializable, ResultTooLarge: from ``fence.set_result()`` (raised there,
+                inside the block); if it leaves the block, nothing inside it was committed.
         """
         from . import store
 
@@ -166,18 +210,21 @@ class JobContext:
                     self.mark_cancel_requested()
                     raise JobCancelled(f"job {self.job_id} was cancelled; its work was not committed")
                 self._refuse_if_timed_out()
-                yield
+                fence = FencedCompletion()
+                yield fence
                 # Checked again after the block: the timeout may have passed while it ran, and the
                 # attempt is then already recorded as timed out (its retry waits for this thread).
                 self._refuse_if_timed_out()
-                done = store.job_complete([(self.job_id, self.lease_version, None)], alias=self.alias)
+                done = store.job_complete([(self.job_id, self.lease_version, fence.result_json)], alias=self.alias)
                 if self.job_id not in done:  # cannot happen while we hold the row lock; be loud if it does
                     raise LeaseLost(f"job {self.job_id}: completion refused inside fenced_atomic")
                 # Set before the commit, so that a heartbeat renewal that finds the job done right
                 # after it (another thread) knows the job was completed here, not taken over.
                 self.completed_in_transaction = True
+                self.fenced_result = fence.has_result
         except BaseException:
             self.completed_in_transaction = False  # nothing was committed
+            self.fenced_result = False
             raise
 
     def dependencies(self) -> dict[str, DependencyOutcome]:

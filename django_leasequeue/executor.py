@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
-from . import child, payload, registry, signals, store
+from . import child, registry, signals, store
 from .conf import Settings
 from .context import JobContext
 from .exceptions import (
@@ -49,6 +49,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .failures import MAX_MESSAGE, describe_error, storable_text
+from .payload import encode_result
 from .retry import Backoff, RetryDecision, clamp_delay, decide
 from .runtime import close_broken_connections, is_connection_error
 
@@ -118,72 +119,6 @@ def with_reconnect(fn: Callable[[], T]) -> T:
         close_broken_connections()
         time.sleep(0.2)
         return fn()
-
-
-def json_size_floor(value: Any, limit: int) -> int:
-    """A lower bound, in bytes, of the UTF-8 JSON encoding of ``value``, found without encoding it.
-
-    The walk stops once the bound passes ``limit`` (bytes), so it costs at most about ``limit``
-    steps. Why: encoding and measuring a huge result (hundreds of MB) are single C calls that hold
-    the GIL for seconds, long enough to starve this worker's heartbeat and let its other jobs'
-    leases expire; a string's length (each character is at least one byte, plus its quotes) is
-    known at once.
-
-    Args:
-        value: the handler's return value (already known to be JSON-compatible or not: values of
-            other types count as 1 byte; the encoder reports them).
-        limit: bytes; the walk may stop as soon as the bound exceeds it.
-
-    Returns:
-        The bound in bytes (exact for nothing but tiny values; never above the real size).
-    """
-    total = 0
-    stack = [value]
-    while stack and total <= limit:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item) + 2
-        elif isinstance(item, list):
-            total += 1 + len(item)  # brackets and commas
-            stack.extend(item)
-        elif isinstance(item, dict):
-            total += 1 + len(item)  # braces, colons and commas (at least)
-            for key, sub in item.items():
-                if isinstance(key, str):
-                    total += len(key) + 2
-                stack.append(sub)
-        else:
-            total += 1
-    return total
-
-
-def encode_result(result: Any, limit: int) -> str:
-    """Encode a handler's return value as JSON text within ``limit`` bytes (0: no limit).
-
-    Raises:
-        ResultTooLarge: the JSON is over ``limit`` (checked first by :func:`json_size_floor`, so a
-            huge value is refused without being encoded).
-        PayloadNotSerializable: the value is not JSON.
-    """
-    if limit:
-        floor = json_size_floor(result, limit)
-        if floor > limit:
-            raise ResultTooLarge(floor, limit, at_least=True)
-    result_json = payload.json_dumps_result(result)
-    check_result_size(result_json, limit)
-    return result_json
-
-
-def check_result_size(result_json: str, limit: int) -> None:
-    """Raise :class:`ResultTooLarge` when ``result_json`` is over ``limit`` bytes (UTF-8; 0: no limit).
-
-    Encodes only when the character count cannot decide (a character is 1 to 4 bytes in UTF-8).
-    """
-    if not limit or len(result_json) * 4 <= limit:
-        return
-    size = len(result_json.encode("utf-8", "surrogatepass"))
-    if size > limit:
-        raise ResultTooLarge(size, limit)
 
 
 class AttemptHook(Protocol):
@@ -352,10 +287,14 @@ class Executor:
             decision = self._decide(spec, job, exc)
             return self._fail(job, ctx, exc, retry_delay=decision.delay, fields=fields, decision=decision)
         if ctx.completed_in_transaction:
-            # fenced_atomic() marked the job done before the handler returned: store the return
-            # value now, fenced on the same token. A value that cannot be stored is not fatal (the
-            # work is committed), but the job's history says why its result is empty.
-            if result is not None:
+            # fenced_atomic() marked the job done before the handler returned. A result set in the
+            # block (fence.set_result()) was committed with it and stands. Otherwise store the
+            # return value now, fenced on the same token. A value that cannot be stored is not
+            # fatal (the work is committed), but the job's history says why its result is empty.
+            if ctx.fenced_result:
+                if result is not None:
+                    logger.debug("job %s: return value ignored, fenced_atomic() set the result", job.id)
+            elif result is not None:
                 self._store_late_result(job, result)
             end_attempt(ctx, "succeeded", **fields)
             return "done"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .exceptions import ArgumentsMismatch, PayloadNotSerializable, PayloadTooLarge
+from .exceptions import ArgumentsMismatch, PayloadNotSerializable, PayloadTooLarge, ResultTooLarge
 
 
 class HandlerSpec(Protocol):
@@ -295,3 +295,69 @@ def json_dumps_result(value: Any) -> str:
     """Encode a handler's return value for storage; raise PayloadNotSerializable if it is not JSON."""
     check_json(value, "return value", exact_scalars=False)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_size_floor(value: Any, limit: int) -> int:
+    """A lower bound, in bytes, of the UTF-8 JSON encoding of ``value``, found without encoding it.
+
+    The walk stops once the bound passes ``limit`` (bytes), so it costs at most about ``limit``
+    steps. Why: encoding and measuring a huge result (hundreds of MB) are single C calls that hold
+    the GIL for seconds, long enough to starve this worker's heartbeat and let its other jobs'
+    leases expire; a string's length (each character is at least one byte, plus its quotes) is
+    known at once.
+
+    Args:
+        value: the handler's return value (already known to be JSON-compatible or not: values of
+            other types count as 1 byte; the encoder reports them).
+        limit: bytes; the walk may stop as soon as the bound exceeds it.
+
+    Returns:
+        The bound in bytes (exact for nothing but tiny values; never above the real size).
+    """
+    total = 0
+    stack = [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, list):
+            total += 1 + len(item)  # brackets and commas
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 1 + len(item)  # braces, colons and commas (at least)
+            for key, sub in item.items():
+                if isinstance(key, str):
+                    total += len(key) + 2
+                stack.append(sub)
+        else:
+            total += 1
+    return total
+
+
+def encode_result(result: Any, limit: int) -> str:
+    """Encode a handler's return value as JSON text within ``limit`` bytes (0: no limit).
+
+    Raises:
+        ResultTooLarge: the JSON is over ``limit`` (checked first by :func:`json_size_floor`, so a
+            huge value is refused without being encoded).
+        PayloadNotSerializable: the value is not JSON.
+    """
+    if limit:
+        floor = json_size_floor(result, limit)
+        if floor > limit:
+            raise ResultTooLarge(floor, limit, at_least=True)
+    result_json = json_dumps_result(result)
+    check_result_size(result_json, limit)
+    return result_json
+
+
+def check_result_size(result_json: str, limit: int) -> None:
+    """Raise :class:`ResultTooLarge` when ``result_json`` is over ``limit`` bytes (UTF-8; 0: no limit).
+
+    Encodes only when the character count cannot decide (a character is 1 to 4 bytes in UTF-8).
+    """
+    if not limit or len(result_json) * 4 <= limit:
+        return
+    size = len(result_json.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ResultTooLarge(size, limit)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..compat_tasks import Task, TaskContext
-from ..context import JobContext
+from ..context import FencedCompletion, JobContext
 from ..retry import BackoffLike, ExceptionClasses
 
 if TYPE_CHECKING:
@@ -139,10 +139,11 @@ class LeaseQueueTaskContext(_TaskContextBase):  # type: ignore[misc]
         """True once this worker is known to have lost the lease (its outcome will be discarded)."""
         return self.job.lease_lost
 
-    def fenced_atomic(self) -> AbstractContextManager[None]:
+    def fenced_atomic(self) -> AbstractContextManager[FencedCompletion]:
         """Context manager: commit the block and the job's completion together, only while this
         worker holds the lease (see :meth:`JobContext.fenced_atomic`). The task's return value is
-        stored after the block, fenced on the same token.
+        stored after the block, fenced on the same token; ``fence.set_result(value)`` inside the
+        block stores ``value`` with the completion instead.
 
         Raises:
             LeaseLost: the token is stale; nothing inside the block was committed.

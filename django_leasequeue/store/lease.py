@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run
+from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 
 # Extend the leases of many jobs at once. Only leased_until changes, and leased_until is in no
 # index, so with the table's fillfactor these are HOT updates. Returns the rows still held, with
@@ -465,20 +466,46 @@ def job_note_lease_lost(job_id: int, token: int, *, worker: str, write: str, tim
 # Store the return value of a job that its handler already completed inside fenced_atomic(): the
 # value is known only after that block committed the job as done (with a null result). Fenced on
 # the token and on 'done', so it can only fill in the result of the attempt that completed the job;
-# a replayed job (ready again, and later done under a newer token) is never overwritten.
+# a replayed job (ready again, and later done under a newer token) is never overwritten. The commit
+# that completed the job also released its dependents; one that takes results and was released by
+# it (no longer waiting) got null for this job, which the history records ('result_after_release').
 JOB_SET_RESULT = f"""
-UPDATE {JOB_TABLE} SET result = %(result)s::jsonb
-WHERE id = %(id)s AND lease_version = %(version)s AND status = 'done'
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS (
+    SELECT j.id,
+           EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} d JOIN {JOB_TABLE} dj ON dj.id = d.job_id
+                   WHERE j.has_dependents AND d.depends_on_id = j.id AND dj.pass_result
+                     AND dj.status <> 'waiting')
+           OR EXISTS (SELECT 1 FROM {WORKFLOW_TABLE} w JOIN {JOB_TABLE} cb
+                          ON cb.id = w.on_success_id OR cb.id = w.on_complete_id
+                      WHERE j.workflow_role = 'member' AND w.id = j.workflow_id AND cb.pass_result
+                        AND cb.status <> 'waiting') AS missed
+    FROM {JOB_TABLE} j
+    WHERE j.id = %(id)s AND j.lease_version = %(version)s AND j.status = 'done'
+)
+UPDATE {JOB_TABLE} j
+SET result = %(result)s::jsonb,
+    history = CASE WHEN t.missed THEN j.history || jsonb_build_array(jsonb_build_object(
+        'event', 'result_after_release', 'token', j.lease_version, 'at', clock.now,
+        'reason', 'returned after fenced_atomic() completed the job: dependents released by that '
+                  'commit received null; set the result inside the block with fence.set_result()'))
+              ELSE j.history END
+FROM target t, clock
+WHERE j.id = t.id
 """
 
 
 def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | None = None) -> bool:
     """Record ``result_json`` (JSON text) as the result of a job done under token ``version``.
 
+    When a dependent that takes results was already released by the job's completion, it received
+    null for this job; the job's history then gets a ``result_after_release`` entry saying so.
+
     Returns:
         True when written; False when the job is not done under that token (nothing written).
     """
-    written: int = _run(JOB_SET_RESULT, {"id": job_id, "version": version, "result": result_json}, alias=alias).rowcount
+    written: int = _run(JOB_SET_RESULT, {"now": None, "id": job_id, "version": version, "result": result_json},
+                        alias=alias).rowcount
     return written == 1
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import reaper, store
-from ..context import JobContext
+from ..context import FencedCompletion, JobContext
 from ..models import Job
 from .inline import _depth, _inline_worker, _run
 from .results import JobRun
@@ -50,10 +50,10 @@ class _StallingContext(JobContext):
             hook(point)
 
     @contextlib.contextmanager
-    def fenced_atomic(self) -> Iterator[None]:
+    def fenced_atomic(self) -> Iterator[FencedCompletion]:
         self._stall("fenced_atomic")
-        with super().fenced_atomic():
-            yield
+        with super().fenced_atomic() as fence:
+            yield fence
 
     def heartbeat(self) -> bool:
         self._stall("heartbeat")

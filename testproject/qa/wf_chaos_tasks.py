@@ -32,12 +32,12 @@ def wf_plain(context: JobContext, *values: int, work: float = 0.0) -> int:
 @task(name="qa.wf_fenced", takes_context=True, max_attempts=25, backoff=RETRY)
 def wf_fenced(context: JobContext, *values: int, work: float = 0.0) -> int:
     """Like :func:`wf_plain`, but commit one ``Effect`` (keyed by job id and token) inside
-    ``fenced_atomic()`` together with the job's completion; a refused commit leaves a
-    ``Probe(kind="fenced", ok=False)``, as ``qa.chaos`` does."""
+    ``fenced_atomic()`` together with the job's completion and its result (``fence.set_result``);
+    a refused commit leaves a ``Probe(kind="fenced", ok=False)``, as ``qa.chaos`` does."""
     with ledger.execution(context, "qa.wf_fenced"):
         if work:
             time.sleep(work)
-        commit_fenced_effect(context)
+        commit_fenced_effect(context, result=sum(values))
         return sum(values)
 
 

@@ -294,7 +294,7 @@ def test_a_huge_result_is_refused_before_it_is_encoded():
     import json
 
     from django_leasequeue.exceptions import ResultTooLarge
-    from django_leasequeue.executor import encode_result, json_size_floor
+    from django_leasequeue.payload import encode_result, json_size_floor
 
     samples = ["", "héllo", [1, "ab", {"k": None, "é": [True, 2.5]}], {"a": {"b": {"c": "d" * 50}}}, 12345]
     for value in samples:

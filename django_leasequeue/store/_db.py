@@ -35,6 +35,15 @@ CLOCK = "SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now"
 CLOCK_WAKING = ("SELECT coalesce(%(now)s::timestamptz, leasequeue_now()) AS now, "
                 "set_config('leasequeue.notify_channel', coalesce(%(wake)s::text, ''), true) AS wake")
 
+def _notify_channel() -> str | None:
+    """The channel a retry, a snooze or a released workflow job notifies on (``%(wake)s`` of
+    :data:`CLOCK_WAKING`), or None when notifications are off."""
+    from ..conf import get_settings
+
+    settings = get_settings()
+    return settings.notify_channel if settings.notify else None
+
+
 # The largest fencing token (migration 0004's leasequeue_job_lease_version_range). Every claim,
 # reap, release and replay adds 1, so a row written by hand with a token at (or next to) the bound
 # would make that statement refused by the constraint, for every row it writes: the claim of every

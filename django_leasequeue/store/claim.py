@@ -56,7 +56,20 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from . import flow, keys
-from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _load, _run, db_alias, logger
+from ._db import (
+    CLOCK,
+    CLOCK_WAKING,
+    FLOW_RULES,
+    JOB_TABLE,
+    QUEUE_TABLE,
+    TOKEN_MAX,
+    _cursor,
+    _load,
+    _notify_channel,
+    _run,
+    db_alias,
+    logger,
+)
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -400,7 +413,7 @@ def _to_zone(job: ClaimedJob, zone: zoneinfo.ZoneInfo) -> None:
 # is, for the operator to read in SQL; only the state, the lease and the error list change. errors
 # itself may be what is corrupt, so a value that is not an array is replaced, not appended to.
 JOB_DEAD_CORRUPT = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
+WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = 'dead',
     finished_at = clock.now,
@@ -454,7 +467,7 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
             for job_id, version, task, reason in corrupt:
                 logger.error("job %s: dead-lettered as CorruptRow: %s", job_id, reason)
                 cur.execute(JOB_DEAD_CORRUPT, {"now": now, "id": job_id, "version": version, "reason": reason,
-                                               "worker": worker_id})
+                                               "worker": worker_id, "wake": _notify_channel()})
                 if cur.rowcount:
                     jobs.corrupt.append((job_id, task, reason))
     return jobs

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run
+from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _notify_channel, _run
 from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 
 # Extend the leases of many jobs at once. Only leased_until changes, and leased_until is in no
@@ -191,14 +191,6 @@ _WAKE_RETRY = """CASE WHEN %(channel)s::text IS NOT NULL AND j.status = 'ready'
                                           ELSE j.queue || ' ' || extract(epoch FROM j.run_at)::text END) END"""
 
 
-def _notify_channel() -> str | None:
-    """The channel a retry or snooze notifies on, or None when notifications are off."""
-    from ..conf import get_settings
-
-    settings = get_settings()
-    return settings.notify_channel if settings.notify else None
-
-
 # Record a failed attempt: retry after ``delay`` seconds (database time), or dead-letter the job
 # when its attempts are exhausted or no delay is given (a non-retryable failure). The error entry
 # gets the database time appended. Fenced like every other worker write. A job whose cancel was
@@ -290,7 +282,7 @@ def job_snooze(job_id: int, version: int, seconds: float, *, max_snoozes: int, n
 
 # A running handler acknowledged a cancel request (raised JobCancelled): end the job cancelled.
 JOB_CANCEL_LEASED = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
+WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = 'cancelled', finished_at = clock.now, leased_until = NULL
 FROM clock
@@ -302,7 +294,8 @@ RETURNING j.id
 def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
                       alias: str | None = None) -> bool:
     """Mark a leased job cancelled by its own worker (fenced). Returns False if the lease was lost."""
-    return _run(JOB_CANCEL_LEASED, {"now": now, "id": job_id, "version": version}, alias=alias).one() is not None
+    return _run(JOB_CANCEL_LEASED, {"now": now, "id": job_id, "version": version, "wake": _notify_channel()},
+                alias=alias).one() is not None
 
 
 # Give leases back without counting a failed attempt (graceful shutdown, or a prefetched job that
@@ -315,7 +308,7 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
 # dead-lettered with an ``Interrupted`` error instead (its attempt counts), so a handler that hangs
 # without a timeout stops re-running on every deploy. Prefetched jobs never ran: not interrupted.
 JOB_RELEASE = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
+WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
                   WHEN (%(interrupted)s AND j.interruptions >= %(max_interruptions)s)
@@ -373,7 +366,8 @@ def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shut
     if not leases:
         return Released()
     params = {"now": now, "reason": reason, "ids": [x[0] for x in leases], "versions": [x[1] for x in leases],
-              "interrupted": bool(interrupted), "max_interruptions": int(max_interruptions)}
+              "interrupted": bool(interrupted), "max_interruptions": int(max_interruptions),
+              "wake": _notify_channel()}
     rows = _run(JOB_RELEASE, params, alias=alias).rows
     return Released((r[0] for r in rows), dead=(r[0] for r in rows if r[1] == "dead"))
 

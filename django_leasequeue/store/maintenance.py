@@ -9,7 +9,19 @@ from datetime import datetime
 
 from ..exceptions import UnknownTask
 from ..models import RateKeyState
-from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps, _run, db_alias
+from ._db import (
+    CLOCK,
+    CLOCK_WAKING,
+    JOB_TABLE,
+    PROCESS_TABLE,
+    SWEEP_TABLE,
+    TOKEN_MAX,
+    _dumps,
+    _notify_channel,
+    _run,
+    db_alias,
+)
+from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 
 # Return expired leases (leased_until passed, by database time) to ready, or to dead when the
 # attempts are exhausted, recording "lease expired" as the attempt's error and bumping the token.
@@ -33,7 +45,7 @@ from ._db import CLOCK, JOB_TABLE, PROCESS_TABLE, SWEEP_TABLE, TOKEN_MAX, _dumps
 # every silence meanwhile; so the record starts again from the present clock, as after an outage
 # (expired leases wait one lease for their holders, then a dead holder's jobs are recovered).
 JOB_REAP = f"""
-WITH clock AS MATERIALIZED ({CLOCK}),
+WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
 sweep AS MATERIALIZED (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
     ON CONFLICT (id) DO UPDATE SET
@@ -103,9 +115,15 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: 
         lease: seconds, the lease of jobs whose ``lease_seconds`` is null (the worker default).
     """
     params = {"now": now, "limit": limit, "silence": None if silence is None else float(silence),
-              "lease": float(lease)}
+              "lease": float(lease), "wake": _notify_channel()}
     return [Reaped(*r) for r in _run(JOB_REAP, params, alias=alias).rows]
 
+
+# What keeps a finished job past retention (JOB_PRUNE below).
+_STILL_READ = f"""NOT EXISTS (SELECT 1 FROM {WORKFLOW_TABLE} w WHERE w.id = j.workflow_id AND w.finished_at IS NULL)
+      AND NOT (j.has_dependents AND EXISTS (
+          SELECT 1 FROM {DEPENDENCY_TABLE} d JOIN {JOB_TABLE} dj ON dj.id = d.job_id
+          WHERE d.depends_on_id = j.id AND dj.status = 'waiting'))"""
 
 # Delete finished jobs past their retention, a small batch at a time so that no statement holds
 # many row locks or bloats one transaction. Dead jobs are kept until replayed or deleted.
@@ -114,11 +132,17 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: 
 # (status, finished_at) from the oldest row and stops at the cutoff, so a batch with nothing to
 # delete costs a few index probes. A single "status IN (...) AND finished_at < clock.now - age"
 # is planned as a sequential scan of the whole table, every batch, growing with the table.
+# A finished job stays while something still reads it: a member of an unfinished workflow (its
+# callback collects the members' results when the last one settles) and a dependency of a job
+# that still waits (its release reads its dependencies' results). The edges of deleted jobs go in
+# the same statement; it returns the workflows the deleted jobs belonged to, for
+# JOB_PRUNE_WORKFLOWS.
 JOB_PRUNE = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 done_old AS (
     SELECT j.id FROM {JOB_TABLE} j
     WHERE j.status = 'done' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+      AND {_STILL_READ}
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -126,26 +150,59 @@ done_old AS (
 cancelled_old AS (
     SELECT j.id FROM {JOB_TABLE} j
     WHERE j.status = 'cancelled' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+      AND {_STILL_READ}
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM {JOB_TABLE} gone
+    WHERE gone.id IN (SELECT u.id FROM (SELECT id FROM done_old UNION ALL SELECT id FROM cancelled_old) AS u
+                      LIMIT %(limit)s)
+    RETURNING gone.id, gone.workflow_id
+),
+edges_in AS (
+    DELETE FROM {DEPENDENCY_TABLE} d WHERE d.job_id IN (SELECT id FROM deleted)
+),
+edges_out AS (
+    DELETE FROM {DEPENDENCY_TABLE} d WHERE d.depends_on_id IN (SELECT id FROM deleted)
 )
-DELETE FROM {JOB_TABLE} j
-WHERE j.id IN (SELECT u.id FROM (SELECT id FROM done_old UNION ALL SELECT id FROM cancelled_old) AS u
-               LIMIT %(limit)s)
+SELECT count(*), coalesce(array_agg(DISTINCT workflow_id) FILTER (WHERE workflow_id IS NOT NULL), '{{}}')
+FROM deleted
+"""
+
+# The finished workflows among those JOB_PRUNE just touched that have no job left (a second
+# statement: the first one's own deletions are invisible to it). A dead member, never pruned,
+# keeps its workflow row, so that a replay still finds the counters it moves.
+JOB_PRUNE_WORKFLOWS = f"""
+DELETE FROM {WORKFLOW_TABLE} w
+WHERE w.id = ANY(%(ids)s::bigint[]) AND w.finished_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} j WHERE j.workflow_id = w.id)
 """
 
 
 def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = None,
               alias: str | None = None) -> int:
-    """Delete up to ``limit`` done/cancelled jobs finished more than ``older_than`` seconds ago.
+    """Delete up to ``limit`` done/cancelled jobs finished more than ``older_than`` seconds ago,
+    with their dependency edges, then the finished workflows they belonged to that have no job
+    left.
+
+    Kept past retention: a member of an unfinished workflow, and a job another job still waits
+    on (both are read when that workflow or dependent settles).
+
+    Args:
+        older_than: retention in seconds.
+        limit: at most this many jobs per call.
+        now: aware datetime instead of the database clock (tests).
 
     Returns:
-        The number of rows deleted (call again while it equals ``limit``).
+        The number of jobs deleted (call again while it equals ``limit``).
     """
-    deleted: int = _run(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit}, alias=alias).rowcount
-    return deleted
-
+    deleted, workflows = _run(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit},
+                              alias=alias).one()
+    if workflows:
+        _run(JOB_PRUNE_WORKFLOWS, {"ids": list(workflows)}, alias=alias)
+    return int(deleted)
 
 
 PROCESS_UPSERT = f"""
@@ -229,7 +286,7 @@ def process_prune(*, older_than: float, now: datetime | None = None, alias: str 
 # stale at once, and the processes beat again one by one, so a worker that knows the task may
 # simply not have beaten yet.
 JOB_DEAD_LETTER_UNKNOWN = f"""
-WITH RECURSIVE clock AS MATERIALIZED ({CLOCK}),
+WITH RECURSIVE clock AS MATERIALIZED ({CLOCK_WAKING}),
 live AS MATERIALIZED (
     -- A task list that is not a JSON list (a row written by another program) counts as none
     -- recorded: such a worker may know every task, so its queues are not judged.
@@ -322,7 +379,8 @@ def job_dead_letter_unknown_tasks(*, grace: float, alive_within: float, by: str,
         The jobs dead-lettered (their id, task, queue, attempts and fencing token).
     """
     params = {"now": now, "grace": float(grace), "alive": float(alive_within), "worker": by, "limit": int(limit),
-              "scan": int(scan), "type": f"{UnknownTask.__module__}.{UnknownTask.__qualname__}"}
+              "scan": int(scan), "type": f"{UnknownTask.__module__}.{UnknownTask.__qualname__}",
+              "wake": _notify_channel()}
     return [DeadLettered(*r) for r in _run(JOB_DEAD_LETTER_UNKNOWN, params, alias=alias).rows]
 
 

@@ -68,7 +68,20 @@ class Task(TaskSpec[P, R]):
 
     def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
         """A :class:`~django_leasequeue.steps.Step` of this task with these arguments, for a chain,
-        group, chord, batch or workflow (:mod:`django_leasequeue.workflows`); nothing is written."""
+        group, chord, batch or workflow (:mod:`django_leasequeue.workflows`); nothing is written.
+
+        Args:
+            *args: the handler's positional arguments (JSON values). A step that receives its
+                dependencies' results (``pass_result``) leaves out the first one, which the
+                database fills in when it releases the step.
+            **kwargs: the handler's keyword arguments (JSON values). Both are checked when the
+                workflow is built (``Workflow.enqueue()``, ``BatchHandle.add()``), with the
+                checks of :func:`enqueue`.
+
+        Returns:
+            A new :class:`~django_leasequeue.steps.Step` (Celery's signature, ``.s()``);
+            ``step.set(...)`` returns a copy with other options.
+        """
         from .steps import Step
 
         return Step(self, tuple(args), dict(kwargs))

@@ -52,7 +52,10 @@ class Step:
         """A copy with these options changed (the ones left None keep their value).
 
         Args:
-            queue, priority, run_at, max_attempts: as for :func:`~django_leasequeue.enqueue`.
+            queue: a queue name, as for :func:`~django_leasequeue.enqueue`.
+            priority: -100..100, higher first.
+            run_at: an aware datetime, or a timedelta from the database clock at build time.
+            max_attempts: attempts before the step is dead-lettered.
             pass_result: see the class attributes; ``False`` is Celery's immutable signature (``.si()``).
             on_dependency_dead: ``"hold"``, ``"cancel"`` or ``"run"``.
 

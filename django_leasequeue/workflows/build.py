@@ -247,9 +247,9 @@ class Workflow:
             workflow's (``created`` False; nothing is written).
 
         Raises:
-            EnqueueError (and its subclasses ArgumentsMismatch, PayloadNotSerializable,
-                PayloadTooLarge): a step or the graph is invalid (cycle, missing dependency,
-                duplicate name), or a ``depends_on`` job does not exist. Nothing is written.
+            EnqueueError: a step or the graph is invalid (cycle, missing dependency, duplicate
+                name), or a ``depends_on`` job does not exist; also its subclasses
+                ArgumentsMismatch, PayloadNotSerializable and PayloadTooLarge. Nothing is written.
             UnknownTask: a step names a task nobody registered.
         """
         steps = self._build_steps()
@@ -293,7 +293,9 @@ def chain(*steps: Step, name: str = "", unique_key: str | None = None, on_depend
 
     Args:
         steps: at least one :class:`~django_leasequeue.steps.Step`.
-        name, unique_key, on_dependency_dead: see :class:`Workflow`.
+        name: a label (at most 255 characters), as for :class:`Workflow`.
+        unique_key: makes building idempotent, as for :class:`Workflow`.
+        on_dependency_dead: ``"hold"``, ``"cancel"`` or ``"run"``, as for :class:`Workflow`.
 
     Returns:
         The :class:`Workflow`; call ``.enqueue()`` to build it.
@@ -316,7 +318,8 @@ def group(*steps: Step | Iterable[Step], name: str = "", unique_key: str | None 
 
     Args:
         steps: :class:`~django_leasequeue.steps.Step` objects, or one iterable of them.
-        name, unique_key: see :class:`Workflow`.
+        name: a label (at most 255 characters), as for :class:`Workflow`.
+        unique_key: makes building idempotent, as for :class:`Workflow`.
 
     Returns:
         The :class:`Workflow`; call ``.enqueue()`` to build it.
@@ -338,7 +341,8 @@ def chord(members: Workflow | Sequence[Step] | Iterable[Step], callback: Step, *
         policy: ``"all_succeeded"`` (the callback runs when every member is done; a dead member
             holds it until replayed and done) or ``"all_finished"`` (it runs once every member is
             done, dead or cancelled; failed members' results are None).
-        name, unique_key: see :class:`Workflow`.
+        name: a label (at most 255 characters), as for :class:`Workflow`.
+        unique_key: makes building idempotent, as for :class:`Workflow`.
 
     Returns:
         The :class:`Workflow`; call ``.enqueue()`` to build it.

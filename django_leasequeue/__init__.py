@@ -36,6 +36,7 @@ _EXPORTS = {
     "Snooze": "exceptions",
     "Retry": "exceptions",
     "Step": "steps",
+    "DependencyOutcome": "store",
     "Workflow": "workflows",
     "WorkflowHandle": "workflows",
     "Batch": "workflows",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from .exceptions import UnknownTask as UnknownTask
     from .retry import Backoff as Backoff
     from .steps import Step as Step
+    from .store import DependencyOutcome as DependencyOutcome
     from .workflows import Batch as Batch
     from .workflows import Workflow as Workflow
     from .workflows import WorkflowHandle as WorkflowHandle

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from .exceptions import EnqueueError
 from .registry import TaskSpec
 
 STEP_OPTIONS = ("queue", "priority", "run_at", "max_attempts")
@@ -63,10 +64,11 @@ class Step:
             A new :class:`Step` (a step is immutable).
 
         Raises:
-            ValueError: ``on_dependency_dead`` is not one of the three policies.
+            EnqueueError: ``on_dependency_dead`` is not one of the three policies (as everywhere
+                else a step's options are refused).
         """
         if on_dependency_dead is not None and on_dependency_dead not in DEPENDENCY_POLICIES:
-            raise ValueError(f"on_dependency_dead must be one of {DEPENDENCY_POLICIES}, got {on_dependency_dead!r}")
+            raise EnqueueError(f"on_dependency_dead must be one of {DEPENDENCY_POLICIES}, got {on_dependency_dead!r}")
         given = {"queue": queue, "priority": priority, "run_at": run_at, "max_attempts": max_attempts}
         options = {**self.options, **{k: v for k, v in given.items() if v is not None}}
         return dataclasses.replace(

@@ -32,9 +32,9 @@ from django.db import migrations, models
 #    an UPDATE of the workflow row: concurrent completions of one workflow's members queue on that
 #    row lock, so exactly one of them sees members_pending reach 0 and settles the workflow.
 #
-# Released jobs NOTIFY the channel in the session setting leasequeue.notify_channel (set on every
-# connection of the job table's alias when the NOTIFY setting is on), delivered at commit, so an
-# idle worker starts the next step at once instead of at its next poll.
+# Released jobs NOTIFY the channel in the transaction-local setting leasequeue.notify_channel (set
+# by the statements that can finish a job, store._db.CLOCK_WAKING, when the NOTIFY setting is on),
+# delivered at commit, so an idle worker starts the next step at once instead of at its next poll.
 WORKFLOW_FUNCTIONS = r"""
 CREATE OR REPLACE FUNCTION leasequeue_wake(p_channel text, p_queue text, p_run_at timestamptz, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $fn$

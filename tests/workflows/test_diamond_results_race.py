@@ -1,11 +1,9 @@
 """A step with several dependencies whose last two dependencies finish at the same moment in two
 transactions: it is released once, and it should receive both results.
 
-The settle trigger releases the dependent and computes its arguments in one statement. The second
-completion's statement waits for the first one's lock on the dependent's row; its snapshot was
-taken before that wait, so it reads the first dependency as not done and passes None for it. The
-release itself is exact (one release, waiting_on 0); the arguments are not. This test pins the
-release and records the arguments' gap (strict xfail: it fails loudly once the trigger is fixed).
+The second completion's release waits for the first one's lock on the dependent's row. The results
+are read by a statement after that wait (migration 0012), so both are seen as done; read in the
+statement that waited, with its older snapshot, the first one was passed as None.
 """
 
 from __future__ import annotations
@@ -85,8 +83,6 @@ def test_two_last_dependencies_finishing_together_release_the_dependent_once():
     assert d.args[0]["c"] == 20
 
 
-@pytest.mark.xfail(strict=True, reason="the second completion passes the arguments it read in its "
-                   "snapshot from before the lock wait: b is None")
 def test_two_last_dependencies_finishing_together_pass_both_results():
     d = _finish_b_and_c_together()
     assert d.args == [{"b": 10, "c": 20}]

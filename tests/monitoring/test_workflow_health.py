@@ -12,10 +12,11 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 from prometheus_client import generate_latest
 
-from django_leasequeue import Batch, chain, chord, health, metrics
+from django_leasequeue import Batch, chain, chord, enqueue, health, metrics
 from django_leasequeue.conf import build
 from django_leasequeue.enqueueing import task
 from django_leasequeue.exceptions import ConfigurationError
@@ -137,6 +138,18 @@ def test_recent_old_finished_and_open_batch(now):
     assert recent.state == "running"
 
 
+def test_a_job_waiting_on_a_dependency_outside_any_workflow_is_waiting_not_due(now):
+    first = add.using(queue="deps").enqueue(1)
+    later = enqueue(add, [2], queue="deps", depends_on=[first])
+    assert Job.objects.get(id=later.id).status == "waiting"
+    snap = health.snapshot(now, queues=["deps"])
+    stats = snap.queue("deps")
+    assert (stats.waiting, stats.ready_due + stats.scheduled, stats.oldest_ready_age_seconds) == (1, 1, 0.0)
+    assert (snap.workflows_unfinished, snap.workflows_stuck) == (0, 0)
+    drain()
+    assert health.snapshot(queues=["deps"]).queue("deps").waiting == 0
+
+
 def test_a_dead_step_is_named_as_what_holds_the_chain(now):
     held = chain(add.step(1), fail.step(), add.step(5), name="import").enqueue()
     assert drain(raise_failures=False).outcomes == {"done": 1, "dead": 1}
@@ -164,12 +177,16 @@ def test_a_dead_member_holding_a_chord_callback_is_named(now):
     assert (oldest.held_by, oldest.held_by_status, oldest.age_seconds) == (first_dead.id, "dead", 4000.0)
 
 
-def test_queuehealth_warns_and_names_the_stuck_workflow(now):
+def test_queuehealth_warns_and_names_the_stuck_workflow(db):
     held = chain(add.step(1), fail.step(), add.step(5), name="import").enqueue()
     drain(raise_failures=False)
     dead = held.steps()["2"]
-    # queuehealth reads the database clock: two hours before it, so the age prints as 7200 s.
-    Workflow.objects.filter(id=held.id).update(progressed_at=ago(now, 7200))
+    # queuehealth reads the database clock: two hours before its reading now, so that the age
+    # prints as 7200 s (the milliseconds until queuehealth reads the clock round away).
+    with connection.cursor() as cur:
+        cur.execute("UPDATE leasequeue_workflow SET progressed_at = leasequeue_now() - interval '7200 seconds' "
+                    "WHERE id = %s", [held.id])
+        assert cur.rowcount == 1
     run = queuehealth("--max-stuck-workflows", "0:")
     assert run.code == 1
     message = (f"1 of 1 unfinished workflow(s) stuck (no progress for more than 3600 s); the oldest: chain "

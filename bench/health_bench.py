@@ -101,6 +101,7 @@ def main() -> int:
     statements = {
         "snapshot: queue figures": (read.QUEUE_STATS, {
             "now": None, "queues": None, "always": ["default"], "short": 300.0, "long": 3600.0, "widest": 3600.0}),
+        "snapshot: workflows": (read.WORKFLOW_STATS, {"now": None, "stuck_after": 3600.0}),
         "lease report (1 day)": (read.LEASE_REPORT, {"now": None, "window": 86400.0, "tasks": None}),
     }
     failed = False

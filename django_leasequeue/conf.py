@@ -164,6 +164,10 @@ DEFAULTS: dict[str, Any] = {
     # due this long and every such worker has been registered this long. None: never (the job
     # waits for a worker that knows its task).
     "UNKNOWN_TASK_GRACE": 300.0,
+    # Monitoring: an unfinished workflow or batch whose last progress (a member or callback
+    # settled, members added, the batch closed) is older than this is stuck. Set it above the
+    # longest a step may run or wait in its queue, or healthy slow workflows are reported.
+    "WORKFLOW_STUCK_AFTER": 3600.0,
     # ---- timeouts ----
     # How handlers run: "thread" (in the worker's threads; a handler past its task's timeout cannot
     # be stopped, so it keeps its slot and its job's lease until it returns) or "process" (each
@@ -183,8 +187,12 @@ DEFAULTS: dict[str, Any] = {
 _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
-    "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE",
+    "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE", "WORKFLOW_STUCK_AFTER",
 }
+
+#: The longest ``WORKFLOW_STUCK_AFTER``, in seconds (366 days): a workflow idle for a year is stuck
+#: by any measure, and the bound keeps the database's interval arithmetic far from overflowing.
+MAX_WORKFLOW_STUCK_AFTER = 366 * 24 * 3600.0
 
 # Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
 # threshold below two of those beats would make healthy workers flap between alive and dead.
@@ -337,6 +345,7 @@ class Settings:
     prefetch_max: int = 64
     async_completions: bool = False
     unknown_task_grace: float | None = 300.0
+    workflow_stuck_after: float = 3600.0
     max_result_bytes: int = 1024 * 1024
     # ---- timeouts ----
     execution: str = "thread"
@@ -504,7 +513,8 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ConfigurationError: a token that is not a non-empty str without whitespace, an alive
-            threshold below 10 s, or a prune age not above the alive threshold.
+            threshold below 10 s, a prune age not above the alive threshold, or a
+            ``WORKFLOW_STUCK_AFTER`` not in (0, 366 days].
     """
     raw_tokens = merged["METRICS_TOKEN"]
     if raw_tokens is None:
@@ -520,6 +530,12 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
             raise ConfigurationError(
                 "LEASEQUEUE['METRICS_TOKEN'] entries must be non-empty strings without whitespace"
             )
+    stuck_after = merged["WORKFLOW_STUCK_AFTER"]
+    if stuck_after is None or not 0 < stuck_after <= MAX_WORKFLOW_STUCK_AFTER:
+        raise ConfigurationError(
+            f"LEASEQUEUE['WORKFLOW_STUCK_AFTER'] must be a number of seconds (or a timedelta) above 0 and at "
+            f"most {MAX_WORKFLOW_STUCK_AFTER:g} (366 days), got {stuck_after!r}"
+        )
     if not isinstance(merged["METRICS_ALLOW_STAFF"], bool):
         raise ConfigurationError("LEASEQUEUE['METRICS_ALLOW_STAFF'] must be True or False")
     alive = merged["PROCESS_ALIVE_WITHIN"]
@@ -538,7 +554,7 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
             f"LEASEQUEUE['PROCESS_PRUNE_AFTER'] ({prune:g}) must be above PROCESS_ALIVE_WITHIN ({alive:g})"
         )
     return {"metrics_tokens": tokens, "metrics_allow_staff": merged["METRICS_ALLOW_STAFF"],
-            "process_alive_within": alive, "process_prune_after": prune}
+            "process_alive_within": alive, "process_prune_after": prune, "workflow_stuck_after": stuck_after}
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,8 @@ time, so take them as they are rather than through ``rate()``):
 
 ======================================================  ==========================================
 ``leasequeue_oldest_ready_age_seconds{queue}``          age of the oldest due job (0: none due)
-``leasequeue_jobs{queue,status}``                       status: ready_due, scheduled, leased, dead
+``leasequeue_jobs{queue,status}``                       status: ready_due, scheduled, waiting, leased,
+                                                        dead
 ``leasequeue_leases_expired{queue}``                    leased jobs past their lease, not yet reaped
 ``leasequeue_dead_letters_recent{queue,window}``        jobs dead-lettered in the last ``window`` s
 ``leasequeue_jobs_done_recent{queue,window}``           jobs done in the last ``window`` s
@@ -22,6 +23,12 @@ time, so take them as they are rather than through ``rate()``):
                                                         absent when no tick is recorded
 ``leasequeue_stuck_handlers``                           handlers past their task's timeout, still
                                                         running (thread mode; from the job rows)
+``leasequeue_workflows_unfinished``                     workflows and batches not finished (open
+                                                        batches included)
+``leasequeue_workflows_stuck``                          unfinished ones without progress for
+                                                        ``WORKFLOW_STUCK_AFTER`` seconds
+``leasequeue_oldest_stuck_workflow_age_seconds``        seconds since the oldest stuck one progressed
+                                                        (0: none stuck)
 ``leasequeue_health_query_seconds``                     time the snapshot's statements took
 ======================================================  ==========================================
 """
@@ -35,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from . import health
 
-_STATUSES = ("ready_due", "scheduled", "leased", "dead")
+_STATUSES = ("ready_due", "scheduled", "waiting", "leased", "dead")
 _KINDS = ("worker", "scheduler", "reaper")
 
 
@@ -64,8 +71,8 @@ class HealthCollector:
                                 "Seconds since run_at of the oldest due ready job (0 when none is due), "
                                 "by database time", labels=["queue"])
         jobs = GaugeMetricFamily("leasequeue_jobs", "Jobs by queue and status (ready_due: due now; scheduled: "
-                                 "ready with a future run_at; leased: running; dead: dead letters kept)",
-                                 labels=["queue", "status"])
+                                 "ready with a future run_at; waiting: dependencies not finished; leased: running; "
+                                 "dead: dead letters kept)", labels=["queue", "status"])
         expired = GaugeMetricFamily("leasequeue_leases_expired",
                                     "Leased jobs whose lease has passed but that no reaper has taken back yet",
                                     labels=["queue"])
@@ -107,6 +114,17 @@ class HealthCollector:
                                 "Handlers past their task's timeout and still running (thread mode cannot stop "
                                 "them: each holds a worker thread and its job's lease until it returns)",
                                 value=snap.stuck_handlers)
+        yield GaugeMetricFamily("leasequeue_workflows_unfinished",
+                                "Workflows and batches not finished (open batches included)",
+                                value=snap.workflows_unfinished)
+        yield GaugeMetricFamily("leasequeue_workflows_stuck",
+                                f"Unfinished workflows and batches without progress for more than "
+                                f"{snap.workflow_stuck_after:g} s (WORKFLOW_STUCK_AFTER)",
+                                value=snap.workflows_stuck)
+        oldest = snap.oldest_stuck_workflow
+        yield GaugeMetricFamily("leasequeue_oldest_stuck_workflow_age_seconds",
+                                "Seconds since the oldest stuck workflow last progressed (0 when none is stuck), "
+                                "by database time", value=oldest.age_seconds if oldest is not None else 0.0)
         yield GaugeMetricFamily("leasequeue_health_query_seconds", "Seconds the health snapshot's statements took",
                                 value=snap.query_seconds)
 

@@ -199,6 +199,9 @@ class Job(models.Model):
             # A workflow's members in order (its page, its results, its counts).
             models.Index(fields=["workflow", "id"], name="leasequeue_job_workflow",
                          condition=Q(workflow__isnull=False)),
+            # Monitoring: the waiting jobs per queue (dependencies not finished). Only those rows,
+            # so the health snapshot counts them without reading the retained finished rows.
+            models.Index(fields=["queue"], name="leasequeue_job_waiting", condition=Q(status="waiting")),
         ]
         constraints = [
             models.UniqueConstraint(

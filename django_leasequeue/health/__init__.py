@@ -12,18 +12,23 @@ dashboard or an alert needs:
   done and dead-lettered counts over a short and a long window (transitions, by ``finished_at``,
   not the size of the dead-letter table), leases past their expiry that no reaper has taken back
   yet, and whether the queue is paused; the registered processes with an ``alive`` flag (heartbeat
-  within ``PROCESS_ALIVE_WITHIN``) and the age of the last scheduler tick.
+  within ``PROCESS_ALIVE_WITHIN``) and the age of the last scheduler tick; the unfinished
+  workflows and batches, those stuck (no progress for ``WORKFLOW_STUCK_AFTER``) and the oldest
+  stuck one with what holds it (:class:`StuckWorkflow`). Each queue also counts its ``waiting``
+  jobs (dependencies not finished), which are never due and never in the oldest age.
 * :func:`evaluate` turns a snapshot and :class:`Checks` (thresholds, see :func:`parse_threshold`)
   into OK / WARNING / CRITICAL results; ``manage.py queuehealth`` is a thin shell around it.
 * :func:`lease_report` -> per task runtime percentiles of recent finished jobs, lease losses and
   fence rejections, with a recommended timeout and lease (:func:`recommend`).
 
-Cost: :func:`snapshot` is two statements. The job statement reads only the partial indexes of
+Cost: :func:`snapshot` is three statements. The job statement reads only the partial indexes of
 ``models.Job``: ``leasequeue_job_ready`` for the ready rows (index-only when the visibility map
-allows), ``leasequeue_job_leased`` for the leased rows, and ``leasequeue_job_finished`` for the
-dead rows and the finished-in-window ranges. Its cost grows with the backlog (ready, leased and dead
-rows) and the jobs finished in the long window, never with the millions of retained ``done`` rows
-(``bench/health_bench.py`` prints the plans and timings on a 1,000,000-row table).
+allows), ``leasequeue_job_leased`` for the leased rows, ``leasequeue_job_waiting`` for the waiting
+rows, and ``leasequeue_job_finished`` for the dead rows and the finished-in-window ranges. Its cost
+grows with the backlog (ready, leased, waiting and dead rows) and the jobs finished in the long
+window, never with the millions of retained ``done`` rows (``bench/health_bench.py`` prints the
+plans and timings on a 1,000,000-row table). The workflow statement reads the unfinished
+workflows only (``leasequeue_workflow_active``), and the jobs of the oldest stuck one.
 
 The statements themselves (plain ``SELECT``: no locks, no writes) are in
 :mod:`django_leasequeue.store.read`, like every other statement of the package; this package turns
@@ -36,10 +41,10 @@ Modules, one job each (every public name is importable from ``django_leasequeue.
 :func:`lease_report`, read from the store) and ``checks`` (the verdicts on a report).
 """
 
-from .checks import CheckResult, Checks, evaluate, lease_checks, overall, unknown_queue_checks
+from .checks import CheckResult, Checks, evaluate, lease_checks, overall, stuck_workflows_message, unknown_queue_checks
 from .collect import SNAPSHOT_QUERIES, lease_report, snapshot
 from .leases import FLAG_LOST_WHILE_HEALTHY, FLAG_P99_OVER_TIMEOUT, FLAG_UNREGISTERED, TaskLeaseStats, recommend
-from .report import QueueStats, Snapshot, WorkerInfo
+from .report import QueueStats, Snapshot, StuckWorkflow, WorkerInfo
 from .thresholds import Level, Threshold, parse_number, parse_rate, parse_threshold
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "Level",
     "QueueStats",
     "Snapshot",
+    "StuckWorkflow",
     "TaskLeaseStats",
     "Threshold",
     "WorkerInfo",
@@ -64,5 +70,6 @@ __all__ = [
     "parse_threshold",
     "recommend",
     "snapshot",
+    "stuck_workflows_message",
     "unknown_queue_checks",
 ]

@@ -1,6 +1,7 @@
 """The checks that judge a health report: :class:`Checks` (which thresholds to apply), :func:`evaluate`
 (a snapshot against them), :func:`unknown_queue_checks`, :func:`lease_checks` and :func:`overall`,
-each producing :class:`CheckResult` values. ``manage.py queuehealth`` is a thin shell around them.
+each producing :class:`CheckResult` values, and :func:`stuck_workflows_message` (the stuck
+workflows in one line). ``manage.py queuehealth`` is a thin shell around them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Checks:
         max_scheduler_lag: seconds since the last scheduler tick; no tick at all is critical.
         max_stuck: stuck handlers (past their task's timeout, still running) in alive workers,
             the whole system's count (a worker cannot be attributed to one queue).
+        max_stuck_workflows: stuck workflows and batches (unfinished, no progress for the
+            snapshot's ``workflow_stuck_after`` seconds), the whole system's count (a workflow's
+            steps may be in several queues). ``Threshold(warning=0)`` warns on the first one.
         queues: check these queues one by one; empty: check the whole system (oldest age is the
             worst queue's, dead letters the sum, workers every alive worker).
         ignore_paused: leave paused queues out of the oldest-age check (an operator stopped them).
@@ -39,6 +43,7 @@ class Checks:
     min_workers: Threshold | None = None
     max_scheduler_lag: Threshold | None = None
     max_stuck: Threshold | None = None
+    max_stuck_workflows: Threshold | None = None
     queues: tuple[str, ...] = ()
     ignore_paused: bool = False
 
@@ -48,7 +53,8 @@ class CheckResult:
     """One evaluated check.
 
     Attributes:
-        check: ``oldest_ready_age``, ``dead_letters``, ``workers``, ``scheduler_lag`` or ``lease``.
+        check: ``oldest_ready_age``, ``dead_letters``, ``workers``, ``scheduler_lag``,
+            ``stuck_handlers``, ``stuck_workflows``, ``queue`` or ``lease``.
         scope: a queue name, a task name (``lease``) or ``*`` for the whole system.
         value: the measured figure (None: no data, e.g. no scheduler tick ever).
         threshold: the limits applied.
@@ -124,7 +130,31 @@ def evaluate(snap: Snapshot, checks: Checks) -> list[CheckResult]:
         stuck = float(snap.stuck_handlers)
         results.append(CheckResult("stuck_handlers", "*", stuck, checks.max_stuck, checks.max_stuck.level(stuck),
                                    f"{snap.stuck_handlers} handler(s) stuck past their task's timeout"))
+    if checks.max_stuck_workflows is not None:
+        stuck = float(snap.workflows_stuck)
+        results.append(CheckResult("stuck_workflows", "*", stuck, checks.max_stuck_workflows,
+                                   checks.max_stuck_workflows.level(stuck), stuck_workflows_message(snap)))
     return results
+
+
+def stuck_workflows_message(snap: Snapshot) -> str:
+    """One line on the snapshot's stuck workflows: how many, of how many unfinished, and the oldest
+    by id, kind, name and age with its likely cause (e.g. ``held by dead job 42``).
+
+    Args:
+        snap: a :class:`Snapshot`.
+
+    Returns:
+        The line, e.g. ``"1 of 3 unfinished workflow(s) stuck (no progress for more than 3600 s);
+        the oldest: chain #12 'import', no progress for 7200 s, held by dead job 42 (replay it to
+        resume)"``.
+    """
+    text = (f"{snap.workflows_stuck} of {snap.workflows_unfinished} unfinished workflow(s) stuck "
+            f"(no progress for more than {_fmt(snap.workflow_stuck_after)} s)")
+    oldest = snap.oldest_stuck_workflow
+    if oldest is not None:
+        text += f"; the oldest: {oldest.label}, no progress for {oldest.age_seconds:.0f} s, {oldest.cause}"
+    return text
 
 
 def unknown_queue_checks(snap: Snapshot, queues: Iterable[str], *, alias: str | None = None) -> list[CheckResult]:
@@ -178,8 +208,9 @@ def unknown_queue_checks(snap: Snapshot, queues: Iterable[str], *, alias: str | 
 
 
 def _has_jobs(stats: QueueStats) -> bool:
-    return bool(stats.ready_due or stats.scheduled or stats.leased or stats.dead or stats.done_recent_long
-                or stats.dead_recent_long or stats.done_recent_short or stats.dead_recent_short)
+    return bool(stats.ready_due or stats.scheduled or stats.leased or stats.dead or stats.waiting
+                or stats.done_recent_long or stats.dead_recent_long or stats.done_recent_short
+                or stats.dead_recent_short)
 
 
 def overall(results: Iterable[CheckResult]) -> Level:

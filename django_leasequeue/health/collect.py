@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from .. import store
 from ..conf import Settings, get_settings
 from ..store import read
 from .leases import FLAG_LOST_WHILE_HEALTHY, FLAG_P99_OVER_TIMEOUT, FLAG_UNREGISTERED, TaskLeaseStats, recommend
-from .report import QueueStats, Snapshot, WorkerInfo
+from .report import QueueStats, Snapshot, StuckWorkflow, WorkerInfo
 
-# Number of statements snapshot() runs that read tables (reported by the bench).
-SNAPSHOT_QUERIES = 2
+# Number of statements snapshot() runs that read tables (reported by the bench): the queue
+# figures, the processes and the workflows.
+SNAPSHOT_QUERIES = 3
 
 
 def _alias() -> str:
@@ -26,8 +28,8 @@ def _alias() -> str:
 
 def snapshot(now: datetime | None = None, *, window_short: float = 300, window_long: float = 3600,
              alive_within: float | None = None, queues: Sequence[str] | None = None,
-             alias: str | None = None) -> Snapshot:
-    """Read the health of every queue and process (two read-only statements).
+             workflow_stuck_after: float | None = None, alias: str | None = None) -> Snapshot:
+    """Read the health of every queue, process and workflow (three read-only statements).
 
     Args:
         now: aware datetime to evaluate at; None (the normal case) reads the database clock.
@@ -36,22 +38,28 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
             ``PROCESS_ALIVE_WITHIN`` setting.
         queues: restrict the queue figures to these names (each is reported, even with no jobs);
             None reports every queue that has jobs, a ``QueueState`` row, or is configured in
-            ``LEASEQUEUE["QUEUES"]`` (or is the ``DEFAULT_QUEUE``).
+            ``LEASEQUEUE["QUEUES"]`` (or is the ``DEFAULT_QUEUE``). The workflow figures are the
+            whole system's either way.
+        workflow_stuck_after: seconds; an unfinished workflow whose last progress is older is
+            stuck. None: the ``WORKFLOW_STUCK_AFTER`` setting.
         alias: database alias; default the job table's (through the routers).
 
     Returns:
         A :class:`Snapshot`.
 
     Raises:
-        ValueError: a naive ``now`` or a window that is not > 0.
+        ValueError: a naive ``now``, or a window or ``workflow_stuck_after`` that is not > 0.
         django.db.DatabaseError: the database cannot be read.
     """
     if now is not None and (now.tzinfo is None or now.utcoffset() is None):
         raise ValueError("snapshot(now=...) needs an aware datetime")
     if window_short <= 0 or window_long <= 0:
         raise ValueError("windows must be > 0 seconds")
+    if workflow_stuck_after is not None and not workflow_stuck_after > 0:
+        raise ValueError(f"workflow_stuck_after must be > 0 seconds, got {workflow_stuck_after!r}")
     settings = get_settings()
     alive_within = float(settings.process_alive_within if alive_within is None else alive_within)
+    stuck_after = float(settings.workflow_stuck_after if workflow_stuck_after is None else workflow_stuck_after)
     if queues is not None:
         queue_filter: list[str] | None = list(dict.fromkeys(queues))
         always = queue_filter
@@ -59,8 +67,9 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
         queue_filter = None
         always = list(settings.queues) if settings.queues is not None else [settings.default_queue]
     params = {"now": now, "queues": queue_filter, "always": always, "short": float(window_short),
-              "long": float(window_long), "widest": float(max(window_short, window_long))}
-    rows, process_rows, elapsed = read.snapshot_rows(params, alias=alias or _alias())
+              "long": float(window_long), "widest": float(max(window_short, window_long)),
+              "stuck_after": stuck_after}
+    rows, process_rows, workflow_row, elapsed = read.snapshot_rows(params, alias=alias or _alias())
     db_now = rows[0][0]
     workers = []
     for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
@@ -78,7 +87,9 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
     snap = Snapshot(now=db_now, workers=workers, scheduler_last_tick_age_seconds=tick_age,
                     workers_alive=sum(1 for w in workers if w.alive and w.kind == "worker"),
                     window_short=float(window_short), window_long=float(window_long),
-                    alive_within=alive_within, query_seconds=elapsed)
+                    alive_within=alive_within, query_seconds=elapsed,
+                    workflows_unfinished=workflow_row[0], workflows_stuck=workflow_row[1],
+                    oldest_stuck_workflow=_stuck_workflow(workflow_row), workflow_stuck_after=stuck_after)
     for row in rows:
         if row[1] is None:  # no queue at all: the clock row only
             continue
@@ -86,9 +97,18 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
             queue=row[1], ready_due=row[2], scheduled=row[3], leased=row[4], dead=row[5],
             oldest_ready_age_seconds=float(row[6]), done_recent_short=row[7], dead_recent_short=row[8],
             done_recent_long=row[9], dead_recent_long=row[10], paused=row[11], leased_expired=row[12],
-            workers_serving=snap.workers_serving(row[1]),
+            workers_serving=snap.workers_serving(row[1]), waiting=row[13],
         ))
     return snap
+
+
+def _stuck_workflow(row: Sequence[Any]) -> StuckWorkflow | None:
+    """The oldest stuck workflow of a ``WORKFLOW_STATS`` row, or None when none is stuck."""
+    (_, _, wf_id, kind, name, age, is_open, members, pending, held_by, held_status) = row
+    if wf_id is None:
+        return None
+    return StuckWorkflow(id=wf_id, kind=kind, name=name or "", age_seconds=float(age), open=bool(is_open),
+                         members=members, members_pending=pending, held_by=held_by, held_by_status=held_status)
 
 
 def lease_report(now: datetime | None = None, *, window: float = 86400, tasks: Sequence[str] | None = None,

@@ -1,6 +1,7 @@
 """The health report's data: :class:`Snapshot` of the whole system, with one :class:`QueueStats` per
-queue and one :class:`WorkerInfo` per registered process. Plain frozen values, each with a
-JSON-ready ``to_dict()``; :func:`django_leasequeue.health.snapshot` fills them from the database.
+queue, one :class:`WorkerInfo` per registered process and, when a workflow is stuck, the oldest
+one as :class:`StuckWorkflow`. Plain frozen values, each with a JSON-ready ``to_dict()``;
+:func:`django_leasequeue.health.snapshot` fills them from the database.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class QueueStats:
         leased_expired: leased jobs whose lease has passed but that no reaper has taken back yet
             (a few for one reaper interval is normal; a growing number means no reaper runs).
         workers_serving: alive worker processes that serve this queue (by name or ``*``).
+        waiting: jobs whose dependencies are not finished (workflow steps and callbacks not
+            released yet, jobs enqueued with ``depends_on``): never claimable, so not in
+            ``ready_due`` nor in the oldest age.
     """
 
     queue: str
@@ -46,6 +50,7 @@ class QueueStats:
     paused: bool = False
     leased_expired: int = 0
     workers_serving: int = 0
+    waiting: int = 0
 
     @property
     def dead_ratio_short(self) -> float | None:
@@ -110,6 +115,56 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class StuckWorkflow:
+    """The unfinished workflow (or batch) that has gone longest without progress, past the threshold.
+
+    Attributes:
+        id: the workflow's id.
+        kind: ``chain``, ``group``, ``chord``, ``batch`` or ``graph``.
+        name: its name (may be empty).
+        age_seconds: seconds since its last progress (a member or callback settled, members were
+            added, the batch was closed), by database time.
+        open: a batch not closed yet (its callbacks wait for ``close()``).
+        members: its member steps.
+        members_pending: members waiting, ready or running.
+        held_by: the lowest-id dead or cancelled job that holds one of its waiting jobs (replay it to
+            resume), or None when none does.
+        held_by_status: ``dead`` or ``cancelled`` (None with ``held_by``).
+    """
+
+    id: int
+    kind: str
+    name: str
+    age_seconds: float
+    open: bool = False
+    members: int = 0
+    members_pending: int = 0
+    held_by: int | None = None
+    held_by_status: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``chain #12 'nightly import'``, or ``batch #7`` without a name."""
+        return f"{self.kind} #{self.id}" + (f" {self.name!r}" if self.name else "")
+
+    @property
+    def cause(self) -> str:
+        """The likely reason it does not progress, in a few words for a message."""
+        if self.held_by is not None:
+            return f"held by {self.held_by_status} job {self.held_by} (replay it to resume)"
+        if self.open:
+            return "an open batch that nobody has closed or added to (close() releases its callbacks)"
+        if self.members_pending == 0:
+            return "every member finished but its callback has not (see the oldest due job's age)"
+        return (f"{self.members_pending} of {self.members} member(s) pending, none settled: a member that runs "
+                "long or that no worker claims (see the oldest due job's age)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the fields, the label and the cause."""
+        return {**asdict(self), "label": self.label, "cause": self.cause}
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The health of the whole queue system at one instant of database time.
 
@@ -123,6 +178,12 @@ class Snapshot:
             was pruned after it stopped: both mean no scheduler is running).
         window_short, window_long, alive_within: the parameters used, in seconds.
         query_seconds: wall time of the snapshot's statements.
+        workflows_unfinished: workflows and batches not finished (open batches included), over
+            the whole system (a workflow's steps may be in several queues).
+        workflows_stuck: those of them whose last progress is more than ``workflow_stuck_after``
+            seconds old.
+        oldest_stuck_workflow: the stuck one with the oldest progress, or None when none is stuck.
+        workflow_stuck_after: the threshold used, in seconds (``WORKFLOW_STUCK_AFTER``).
     """
 
     now: datetime
@@ -134,6 +195,10 @@ class Snapshot:
     window_long: float = 3600.0
     alive_within: float = 30.0
     query_seconds: float = 0.0
+    workflows_unfinished: int = 0
+    workflows_stuck: int = 0
+    oldest_stuck_workflow: StuckWorkflow | None = None
+    workflow_stuck_after: float = 3600.0
 
     def queue(self, name: str) -> QueueStats:
         """The stats of queue ``name`` (all zero when the queue has no jobs at all)."""
@@ -178,6 +243,7 @@ class Snapshot:
             paused=bool(rows) and all(q.paused for q in rows),
             leased_expired=sum(q.leased_expired for q in rows),
             workers_serving=self.workers_alive,
+            waiting=sum(q.waiting for q in rows),
         )
 
     @property
@@ -199,4 +265,9 @@ class Snapshot:
             "alive_by_kind": self.alive_by_kind,
             "scheduler_last_tick_age_seconds": self.scheduler_last_tick_age_seconds,
             "query_seconds": self.query_seconds,
+            "workflows_unfinished": self.workflows_unfinished,
+            "workflows_stuck": self.workflows_stuck,
+            "oldest_stuck_workflow": (self.oldest_stuck_workflow.to_dict()
+                                      if self.oldest_stuck_workflow is not None else None),
+            "workflow_stuck_after": self.workflow_stuck_after,
         }

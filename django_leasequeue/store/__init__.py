@@ -188,6 +188,7 @@ from .read import (
     LEASE_REPORT,
     PROCESSES,
     QUEUE_STATS,
+    WORKFLOW_STATS,
     job_get,
     lease_report_rows,
     read_cursor,
@@ -328,3 +329,4 @@ __all__ += [
 ]
 __all__ += ["CLOCK_WAKING"]
 __all__ += ["WORKFLOW_SET_CALLBACKS"]
+__all__ += ["WORKFLOW_STATS"]

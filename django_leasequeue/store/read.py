@@ -1,4 +1,5 @@
-"""Monitoring's read-only queries: the health snapshot, the lease report, and one job by primary key.
+"""Monitoring's read-only queries: the health snapshot (queues, processes, workflows), the lease
+report, and one job by primary key.
 
 Every statement here only reads: plain ``SELECT``, no locks and no writes (a test in
 ``tests/test_architecture.py`` checks it). The health statements run through :func:`read_cursor`,
@@ -14,7 +15,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from ..models import Job
+from ..models import Dependency, Job, Workflow
 from ._db import _JOB_COLUMN_LIST, CLOCK, JOB_TABLE, PROCESS_TABLE, QUEUE_TABLE, _jobs_from_rows, _run, db_alias
 
 # Queue figures in one statement, so every count is from the same snapshot and the same clock
@@ -22,6 +23,7 @@ from ._db import _JOB_COLUMN_LIST, CLOCK, JOB_TABLE, PROCESS_TABLE, QUEUE_TABLE,
 # answer it from the matching partial index instead of the whole table:
 #   ready  -> leasequeue_job_ready (queue, priority, run_at, id) WHERE status = 'ready'
 #   leased -> leasequeue_job_leased WHERE status = 'leased' (few rows: running jobs)
+#   waiting -> leasequeue_job_waiting (queue) WHERE status = 'waiting' (dependencies not finished)
 #   dead, recent -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
 # Windows are (now - w, now]: the upper bound matters when a caller passes an explicit now.
 QUEUE_STATS = f"""
@@ -39,6 +41,12 @@ leased AS (
     SELECT j.queue, count(*) AS leased, count(*) FILTER (WHERE j.leased_until < c.now) AS expired
     FROM {JOB_TABLE} j, clock c
     WHERE j.status = 'leased' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+    GROUP BY j.queue
+),
+waiting AS (
+    SELECT j.queue, count(*) AS waiting
+    FROM {JOB_TABLE} j
+    WHERE j.status = 'waiting' AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
     GROUP BY j.queue
 ),
 dead AS (
@@ -65,7 +73,7 @@ recent AS (
 ),
 names AS (
     SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead
-    UNION SELECT queue FROM recent
+    UNION SELECT queue FROM waiting UNION SELECT queue FROM recent
     UNION SELECT name FROM {QUEUE_TABLE} WHERE %(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[])
     UNION SELECT unnest(%(always)s::text[])
 )
@@ -73,12 +81,13 @@ SELECT c.now, n.queue,
        coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
        coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
        coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
-       coalesce(q.paused, false), coalesce(l.expired, 0)
+       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0)
 FROM clock c
 LEFT JOIN names n ON true
 LEFT JOIN ready r ON r.queue = n.queue
 LEFT JOIN leased l ON l.queue = n.queue
 LEFT JOIN dead d ON d.queue = n.queue
+LEFT JOIN waiting w ON w.queue = n.queue
 LEFT JOIN recent x ON x.queue = n.queue
 LEFT JOIN {QUEUE_TABLE} q ON q.name = n.queue
 ORDER BY n.queue
@@ -147,6 +156,65 @@ ORDER BY task
 """
 
 
+_WORKFLOW_TABLE = Workflow._meta.db_table
+_DEPENDENCY_TABLE = Dependency._meta.db_table
+
+# The workflows that stopped making progress, in one row. A workflow is unfinished while
+# finished_at is null (an open batch included: nobody has closed it), and stuck when it is
+# unfinished and its progressed_at (set by the settle trigger when a member or callback settles,
+# by adding members and by closing; never null, created_at is its first value) is older than the
+# threshold by the snapshot's clock. An open batch nobody adds to or closes is therefore stuck
+# like a chain whose dead step nobody replays: both are work that silently stopped. Both counts
+# and the oldest stuck row come from the partial index leasequeue_workflow_active (progressed_at)
+# WHERE finished_at IS NULL: finished workflows, however many are kept, are never read.
+# For the oldest stuck workflow only, the LATERAL names the likely cause: the lowest-id dead or
+# cancelled job that holds one of its waiting jobs (an unresolved dependency edge), or a failed
+# member holding its waiting on_success callback once no member is pending (the hold policy).
+# It reads that workflow's jobs through leasequeue_job_workflow and their edges through the
+# edge index, and does nothing when no workflow is stuck (o.id is null). snapshot_rows() passes
+# QUEUE_STATS's clock reading as now, so both statements judge by the same instant.
+WORKFLOW_STATS = f"""
+WITH clock AS MATERIALIZED (
+    SELECT now, now - make_interval(secs => %(stuck_after)s) AS cutoff FROM ({CLOCK}) AS t
+),
+active AS (
+    SELECT count(*) AS unfinished, count(*) FILTER (WHERE w.progressed_at < c.cutoff) AS stuck
+    FROM {_WORKFLOW_TABLE} w, clock c
+    WHERE w.finished_at IS NULL
+),
+oldest AS (
+    SELECT w.id, w.kind, w.name, w.progressed_at, w.closed_at, w.members, w.members_pending, w.on_success_id
+    FROM {_WORKFLOW_TABLE} w, clock c
+    WHERE w.finished_at IS NULL AND w.progressed_at < c.cutoff
+    ORDER BY w.progressed_at, w.id
+    LIMIT 1
+)
+SELECT a.unfinished, a.stuck, o.id, o.kind, o.name,
+       greatest(extract(epoch FROM c.now - o.progressed_at), 0)::float8, o.closed_at IS NULL,
+       o.members, o.members_pending, b.id, b.status
+FROM clock c
+CROSS JOIN active a
+LEFT JOIN oldest o ON true
+LEFT JOIN LATERAL (
+    SELECT h.id, h.status FROM (
+        SELECT p.id, p.status
+        FROM {JOB_TABLE} x
+        JOIN {_DEPENDENCY_TABLE} d ON d.job_id = x.id AND NOT d.resolved
+        JOIN {JOB_TABLE} p ON p.id = d.depends_on_id AND p.status IN ('dead', 'cancelled')
+        WHERE x.workflow_id = o.id AND x.status = 'waiting'
+        UNION ALL
+        SELECT m.id, m.status
+        FROM {JOB_TABLE} m
+        WHERE m.workflow_id = o.id AND m.workflow_role = 'member' AND m.status IN ('dead', 'cancelled')
+          AND o.members_pending = 0 AND o.closed_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM {JOB_TABLE} cb WHERE cb.id = o.on_success_id AND cb.status = 'waiting')
+    ) h
+    ORDER BY h.id
+    LIMIT 1
+) b ON true
+"""
+
+
 @contextmanager
 def read_cursor(alias: str) -> Iterator[Any]:
     """Yield a cursor on ``alias`` in a read-only transaction with JIT compilation off.
@@ -172,17 +240,18 @@ def read_cursor(alias: str) -> Iterator[Any]:
             yield cur
 
 
-def snapshot_rows(params: Mapping[str, Any], *, alias: str | None = None) -> tuple[list[Any], list[Any], float]:
-    """Run the two statements of a health snapshot in one read-only snapshot.
+def snapshot_rows(params: Mapping[str, Any], *, alias: str | None = None) -> tuple[list[Any], list[Any], Any, float]:
+    """Run the three statements of a health snapshot in one read-only snapshot.
 
     Args:
-        params: ``QUEUE_STATS``'s parameters: ``now`` (aware datetime or None), ``queues`` (names or
+        params: the statements' parameters: ``now`` (aware datetime or None), ``queues`` (names or
             None), ``always`` (names reported even without jobs), ``short``, ``long`` and ``widest``
-            (window seconds).
+            (window seconds) for ``QUEUE_STATS``; ``stuck_after`` (seconds without progress after
+            which an unfinished workflow is stuck) for ``WORKFLOW_STATS``.
         alias: database alias; default the job table's.
 
     Returns:
-        ``(QUEUE_STATS rows, PROCESSES rows, seconds both statements took)``.
+        ``(QUEUE_STATS rows, PROCESSES rows, the one WORKFLOW_STATS row, seconds the statements took)``.
     """
     with read_cursor(alias or db_alias()) as cur:
         started = time.perf_counter()
@@ -190,7 +259,10 @@ def snapshot_rows(params: Mapping[str, Any], *, alias: str | None = None) -> tup
         rows = cur.fetchall()
         cur.execute(PROCESSES)
         process_rows = cur.fetchall()
-    return rows, process_rows, time.perf_counter() - started
+        # The queue figures' clock reading, so that every figure of the snapshot refers to one now.
+        cur.execute(WORKFLOW_STATS, {**params, "now": rows[0][0]})
+        workflow_row = cur.fetchone()
+    return rows, process_rows, workflow_row, time.perf_counter() - started
 
 
 def lease_report_rows(params: Mapping[str, Any], *, alias: str | None = None) -> list[Any]:

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_leasequeue import cron, store
+from django_leasequeue import cron, health, store
 from django_leasequeue.admin import describe_cron
 from django_leasequeue.models import Job, QueueState, Schedule, WorkerProcess
 
@@ -155,9 +155,10 @@ def test_dashboard_shows_queue_figures_workers_and_tick(admin_client):
     html = response.content.decode()
     assert "5 min" in html and "h:1:w" in html and "alive" in html
     assert "last scheduler tick:" in html and "never" not in html.split("last scheduler tick:")[1][:40]
-    # The figures come from health.snapshot(): two statements besides session and user.
+    # The figures come from health.snapshot(): its statements (queues, processes, workflows)
+    # besides session and user.
     job_queries = [q for q in ctx.captured_queries if "leasequeue_" in q["sql"]]
-    assert len(job_queries) == 2, [q["sql"][:80] for q in job_queries]
+    assert len(job_queries) == health.SNAPSHOT_QUERIES == 3, [q["sql"][:80] for q in job_queries]
 
 
 def test_dashboard_is_in_the_admin_index(admin_client):

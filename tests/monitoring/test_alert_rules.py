@@ -32,5 +32,6 @@ def test_rule_names_match_the_metrics_we_expose():
     doc = metrics.__doc__ or ""
     for name in ("leasequeue_oldest_ready_age_seconds", "leasequeue_workers_alive", "leasequeue_workers_serving",
                  "leasequeue_jobs", "leasequeue_scheduler_last_tick_age_seconds", "leasequeue_dead_letters_recent",
-                 "leasequeue_jobs_done_recent", "leasequeue_leases_expired", "leasequeue_queue_paused"):
+                 "leasequeue_jobs_done_recent", "leasequeue_leases_expired", "leasequeue_queue_paused",
+                 "leasequeue_workflows_stuck"):
         assert name in text and f"``{name}" in doc, name

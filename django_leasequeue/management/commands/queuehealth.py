@@ -9,10 +9,12 @@ Examples::
     manage.py queuehealth --queue emails --queue billing --max-oldest-age 30 --json
     manage.py queuehealth --max-scheduler-lag 2m
     manage.py queuehealth --max-stuck 0:2          # warn on any stuck handler, critical above 2
+    manage.py queuehealth --max-stuck-workflows 0: # warn on any workflow without progress for an hour
+    manage.py queuehealth --max-stuck-workflows 0: --workflow-stuck-after 6h
     manage.py queuehealth --lease-report
 
 The first line of the text output is the plugin status line (``QUEUEHEALTH CRITICAL - ... |
-perfdata``); a table of every queue and the processes follows. Bad arguments and an unreachable
+perfdata``); a table of every queue, the processes and the workflows follows. Bad arguments and an unreachable
 database exit 3 (UNKNOWN). System checks are skipped so a probe stays fast and answers even when an
 unrelated check fails.
 """
@@ -63,7 +65,8 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 class Command(BaseCommand):
-    help = ("Check queue health: oldest due job age, dead letters, live workers, scheduler lag. "
+    help = ("Check queue health: oldest due job age, dead letters, live workers, scheduler lag, stuck handlers "
+            "and stuck workflows. "
             "Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.")
     requires_system_checks: list[str] = []
 
@@ -92,6 +95,12 @@ class Command(BaseCommand):
                             help="seconds since the last scheduler tick; no tick at all is critical")
         parser.add_argument("--max-stuck", type=_threshold("max", False), metavar="[WARN:]CRIT",
                             help="handlers stuck past their task's timeout and still running, e.g. 0 or 0:2")
+        parser.add_argument("--max-stuck-workflows", type=_threshold("max", False), metavar="[WARN:]CRIT",
+                            help="unfinished workflows and batches without progress for --workflow-stuck-after, "
+                                 "e.g. 0: (warn on any)")
+        parser.add_argument("--workflow-stuck-after", type=_duration, default=None, metavar="SECONDS",
+                            help="progress age after which a workflow is stuck, e.g. 3600 or 6h "
+                                 "(default: WORKFLOW_STUCK_AFTER)")
         parser.add_argument("--ignore-paused", action="store_true",
                             help="leave paused queues out of the oldest-age check")
         parser.add_argument("--alive-within", type=_duration, default=None, metavar="SECONDS",
@@ -109,7 +118,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=UNKNOWN)
         try:
             snap = health.snapshot(window_short=dead_window, window_long=max(3600.0, dead_window),
-                                   alive_within=options["alive_within"], queues=options["queue"] or None)
+                                   alive_within=options["alive_within"], queues=options["queue"] or None,
+                                   workflow_stuck_after=options["workflow_stuck_after"])
             report = health.lease_report(window=options["lease_window"]) if options["lease_report"] else None
         except (DatabaseError, ConfigurationError) as exc:
             message = f"QUEUEHEALTH UNKNOWN - cannot read the queue: {type(exc).__name__}: {exc}".strip()
@@ -148,7 +158,7 @@ class Command(BaseCommand):
         return health.Checks(
             max_oldest_age=options["max_oldest_age"], max_dead=dead, min_workers=options["min_workers"],
             max_scheduler_lag=options["max_scheduler_lag"], max_stuck=options["max_stuck"],
-            queues=tuple(options["queue"]),
+            max_stuck_workflows=options["max_stuck_workflows"], queues=tuple(options["queue"]),
             ignore_paused=options["ignore_paused"],
         ), window
 
@@ -174,11 +184,11 @@ class Command(BaseCommand):
         out = self.stdout.write
         out(summary)
         short, long = f"{snap.window_short:g}s", f"{snap.window_long:g}s"
-        header = ["queue", "paused", "ready_due", "scheduled", "leased", "expired", "dead", "oldest_age",
+        header = ["queue", "paused", "ready_due", "scheduled", "waiting", "leased", "expired", "dead", "oldest_age",
                   f"done_{short}", f"dead_{short}", f"done_{long}", f"dead_{long}", "workers"]
-        rows = [[q.queue, "yes" if q.paused else "no", q.ready_due, q.scheduled, q.leased, q.leased_expired, q.dead,
-                 _fmt(q.oldest_ready_age_seconds, "s"), q.done_recent_short, q.dead_recent_short,
-                 q.done_recent_long, q.dead_recent_long, q.workers_serving] for q in snap.queues]
+        rows = [[q.queue, "yes" if q.paused else "no", q.ready_due, q.scheduled, q.waiting, q.leased,
+                 q.leased_expired, q.dead, _fmt(q.oldest_ready_age_seconds, "s"), q.done_recent_short,
+                 q.dead_recent_short, q.done_recent_long, q.dead_recent_long, q.workers_serving] for q in snap.queues]
         out("")
         out(_table(header, rows))
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(snap.alive_by_kind.items())) or "none"
@@ -190,6 +200,7 @@ class Command(BaseCommand):
         stuck = [w for w in snap.workers if w.stuck_handlers]
         out(f"stuck handlers (past their task's timeout, still running): {snap.stuck_handlers}"
             + "".join(f"; {w.id}: {w.stuck_handlers}, the oldest for {w.stuck_seconds:.0f}s" for w in stuck))
+        out(f"workflows: {health.stuck_workflows_message(snap)}")
         if results:
             out("")
             for r in results:

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leasequeue', '0011_workflows'),
+        ('django_leasequeue', '0012_workflow_release_snapshot'),
     ]
 
     operations = [

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, cast
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -120,15 +120,15 @@ class JobAdmin(_JobAdminBase):
 
     @staticmethod
     def _in_workflow(obj: Job) -> bool:
-        """A workflow member or callback, a job with dependents, or one enqueued with ``depends_on``
-        (read once per page: the edge lookup is cached on the object)."""
+        """A workflow member or callback, a job with dependents, or one enqueued with ``depends_on``."""
         if obj.workflow_id is not None or obj.has_dependents or obj.waiting_on:
             return True
-        cached: bool | None = getattr(obj, "_lq_has_edges", None)
-        if cached is None:
-            cached = Dependency.objects.filter(job_id=obj.pk).exists()
-            obj._lq_has_edges = cached  # type: ignore[attr-defined]
-        return cached
+        # get_object annotates it (no statement of its own); a row read elsewhere asks once.
+        has_edges: bool | None = getattr(obj, "lq_has_edges", None)
+        if has_edges is None:
+            has_edges = Dependency.objects.filter(job_id=obj.pk).exists()
+            obj.lq_has_edges = has_edges  # type: ignore[attr-defined]
+        return has_edges
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         names: list[str] = []
@@ -319,9 +319,11 @@ class JobAdmin(_JobAdminBase):
         return super().change_view(request, object_id, form_url, extra)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
-        # The change page loads the whole row (the list defers the heavy columns).
+        # The change page loads the whole row (the list defers the heavy columns), and whether the
+        # job has dependencies, for its Workflow section (an index probe in the same statement).
         try:
-            return self.get_queryset(request).get(pk=int(object_id))
+            return self.get_queryset(request).annotate(
+                lq_has_edges=Exists(Dependency.objects.filter(job_id=OuterRef("pk")))).get(pk=int(object_id))
         except (ValueError, Job.DoesNotExist):
             return None
 

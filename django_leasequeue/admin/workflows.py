@@ -55,7 +55,8 @@ def workflow_state() -> Case:
 
     ``"open"``: a batch not closed yet. ``"finished"``: ``finished_at`` is set. ``"blocked"``: a dead
     or cancelled member holds back a waiting job of the workflow (an unresolved dependency edge),
-    or holds its ``on_success`` callback (no member pending, not finished). ``"running"``: the rest.
+    or holds its ``on_success`` callback (no member pending and the callback still ``waiting``).
+    ``"running"``: the rest (an ``on_complete`` callback released after a member died is running).
 
     This is :attr:`WorkflowHandle.state <django_leasequeue.workflows.handle.WorkflowHandle.state>`
     without its split of "finished" and without dead dependencies outside the workflow: the edge
@@ -68,12 +69,15 @@ def workflow_state() -> Case:
     held_edge = Dependency.objects.filter(
         depends_on__workflow_id=OuterRef("pk"), depends_on__status__in=FAILED, resolved=False,
         job__status=JobStatus.WAITING)
+    held_callback = Job.objects.filter(pk=OuterRef("on_success_id"), status=JobStatus.WAITING)
     failed = Q(members_dead__gt=0) | Q(members_cancelled__gt=0)
     return Case(
         When(closed_at__isnull=True, then=Value("open")),
         When(finished_at__isnull=False, then=Value("finished")),
-        When(failed & Q(members_pending=0), then=Value("blocked")),
-        When(failed, then=Case(When(Exists(held_edge), then=Value("blocked")), default=Value("running"))),
+        When(failed, then=Case(
+            When(Q(members_pending=0) & Exists(held_callback), then=Value("blocked")),
+            When(Exists(held_edge), then=Value("blocked")),
+            default=Value("running"))),
         default=Value("running"),
         output_field=CharField(),
     )

@@ -1,18 +1,30 @@
-"""The operator's surface: jobs, dead letters, replay, schedules and a queue dashboard in the admin.
+"""The operator's surface: jobs, dead letters, replay, workflows, schedules and a queue dashboard in the admin.
 
 Pages (all under the app "Lease queue"):
 
 * **Jobs** (:class:`JobAdmin`): every job, newest first, with status, task, queue, attempts,
   ``run_at``, age and the last error's type and message; filters by status, queue, task and "has
-  errors"; search by id, task or unique key. The change page is read-only: arguments pretty-printed,
-  every failed attempt with its traceback (collapsible), the operator history (replays, edits,
-  cancels, releases), and buttons for Replay, "Edit arguments and replay", Cancel and Retry now.
+  errors" (and, from a workflow's page, by workflow: ``?workflow__id__exact=<id>``); search by id,
+  task or unique key. ``waiting`` jobs (dependencies not finished) have their own colour. The change
+  page is read-only: arguments pretty-printed, every failed attempt with its traceback
+  (collapsible), the operator history (replays, edits, cancels, releases), for a job in a workflow
+  or with dependencies a "Workflow" section (its workflow, its dependencies with their states and
+  "blocked by job N", its dependents), and buttons for Replay, "Edit arguments and replay", Cancel
+  and Retry now.
 * **Dead letters** (:class:`DeadLetterAdmin`, the ``DeadLetter`` proxy): only ``dead`` jobs,
-  newest death first, with counts grouped by task and error type at the top and a Replay button per
-  row.
+  newest death first, with counts grouped by task and error type at the top, a Replay button per
+  row, and "N jobs wait on this job" for a dead job that holds dependents (one statement per page).
 * **Halted sequences** (:class:`HaltedSequenceAdmin`, the ``HaltedSequence`` proxy): dead jobs that
   hold their sequence, with the sequence key and the count of jobs waiting behind, and the actions
   Replay and Skip (the job stays dead; its sequence goes on).
+* **Workflows** (:class:`WorkflowAdmin`): every chain, group, chord, batch and dependency graph,
+  newest first, with kind, name, progress (done/members), dead and cancelled counts, state (open
+  batch, running, held by a dead member, finished) and times, read from the workflow rows' own
+  counters (one statement per page); filters by kind and state; search by id, name or exact unique
+  key. The page of one workflow lists its steps in member order (at most :data:`STEPS_SHOWN`, then a
+  link to its jobs in the job list) with status, attempts, dependencies and "blocked by job N", its
+  dead jobs and its callbacks, with Replay on each dead job (the code path of the job pages'
+  Replay), "Replay every dead job" and "Cancel the rest" (``WorkflowHandle.cancel``).
 * **Schedules** (:class:`ScheduleAdmin`): cron in words (cron-descriptor), the next five occurrences
   in the schedule's zone, enable/disable, "run now", validation on the form.
 * **Queue dashboard** (:class:`DashboardAdmin`, ``admin/django_leasequeue/dashboard/``): per queue
@@ -27,7 +39,8 @@ action however many rows are selected (10,000 selected rows, or "select all" acr
 handful of queries, never a ``save()`` per row). Detail-page buttons and bulk actions share one code
 path per operation (C32: a replay button that silently did nothing while the list action worked).
 Every write is a POST through the admin's CSRF protection; replay needs the ``replay_job``
-permission, cancel and retry-now need ``change_job``, pause/resume needs ``change_queuestate``.
+permission, cancel, retry-now and a workflow's "Cancel the rest" need ``change_job``,
+pause/resume needs ``change_queuestate``.
 
 Large tables (C24): the job list never loads ``args``, ``kwargs``, ``errors``, ``history`` or
 ``result`` (deferred; the last error is a short annotation), never counts the whole table (an
@@ -50,10 +63,19 @@ from .listing import (
     JobChangeList,
     QueueFilter,
     TaskFilter,
+    WorkflowFilter,
     known_queues,
 )
 from .schedules import ScheduleAdmin, ScheduleForm, describe_cron, run_schedule_now
 from .sequences import HaltedSequenceAdmin, skip_sequences
+from .workflows import (
+    STEPS_SHOWN,
+    WORKFLOW_STATES,
+    WorkflowAdmin,
+    WorkflowStateFilter,
+    jobs_of_workflow_url,
+    workflow_state,
+)
 
 __all__ = [
     "APP", "BULK_CHUNK", "EXACT_COUNT_LIMIT", "HEAVY_FIELDS", "JSON_DISPLAY_LIMIT", "STATUS_COLOURS",
@@ -61,4 +83,6 @@ __all__ = [
     "QueueFilter", "ReplayForm", "ScheduleAdmin", "ScheduleForm", "TaskFilter", "cancel_jobs", "describe_cron",
     "duration", "known_queues", "replay_jobs", "retry_now_jobs", "run_schedule_now",
     "HaltedSequenceAdmin", "skip_sequences",
+    "STEPS_SHOWN", "WORKFLOW_STATES", "WorkflowAdmin", "WorkflowFilter", "WorkflowStateFilter", "jobs_of_workflow_url",
+    "workflow_state",
 ]

@@ -6,23 +6,42 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
-from ..models import DeadLetter, Job, JobStatus
+from ..models import DeadLetter, Dependency, Job, JobStatus
 from .common import APP
 from .jobs import JobAdmin
-from .listing import QueueFilter, TaskFilter
+from .listing import JobChangeList, QueueFilter, TaskFilter
+
+
+class DeadLetterChangeList(JobChangeList):
+    """The dead-letter list, plus for each dead job on the page that has dependents the number of
+    jobs waiting on it, read in one statement for the whole page (none when no row has dependents)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        holders = [job.pk for job in self.result_list if job.has_dependents]
+        waiting: dict[int, int] = {}
+        if holders:
+            waiting = dict(Dependency.objects.filter(depends_on_id__in=holders, resolved=False,
+                                                     job__status=JobStatus.WAITING)
+                           .order_by().values("depends_on_id").annotate(n=Count("id"))
+                           .values_list("depends_on_id", "n"))
+        for job in self.result_list:
+            job.lq_waiting_dependents = waiting.get(job.pk, 0)
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(JobAdmin):
     """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
 
-    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "last_error_short")
+    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "dependents_waiting",
+                    "last_error_short")
     list_filter = (QueueFilter, TaskFilter)
     sortable_by = ("id", "task", "queue", "died")
     ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
@@ -47,6 +66,9 @@ class DeadLetterAdmin(JobAdmin):
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeadLetterChangeList
+
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_replay_permission(request):
             return self.list_display
@@ -63,6 +85,15 @@ class DeadLetterAdmin(JobAdmin):
         url = reverse(f"admin:{APP}_job_replay", args=[obj.pk])
         return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
                            'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
+
+    @admin.display(description="holds")
+    def dependents_waiting(self, obj: Job) -> str:
+        n = int(getattr(obj, "lq_waiting_dependents", 0))
+        if not n:
+            return ""
+        url = reverse(f"admin:{APP}_job_change", args=[obj.pk])
+        return format_html('<a class="lq-blocked" href="{}">{} job{} wait{} on this job</a>', url, n,
+                           "" if n == 1 else "s", "s" if n == 1 else "")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         response = super().changelist_view(request, extra_context)

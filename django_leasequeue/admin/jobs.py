@@ -9,7 +9,7 @@ from typing import Any, ClassVar, cast
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -20,14 +20,26 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.timesince import timesince
 
-from ..models import Job
+from ..models import Dependency, Job
 from .actions import ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
 from .common import APP, _JobAdminBase, _ListFilter, _parse_time, _pre, _pretty
-from .listing import EstimatedCountPaginator, HasErrorsFilter, JobChangeList, QueueFilter, TaskFilter
+from .listing import (
+    EstimatedCountPaginator,
+    HasErrorsFilter,
+    JobChangeList,
+    QueueFilter,
+    TaskFilter,
+    WorkflowFilter,
+)
 
 STATUS_COLOURS = {
-    "ready": "#1f6feb", "leased": "#9a6700", "done": "#1a7f37", "dead": "#cf222e", "cancelled": "#6e7781",
+    "ready": "#1f6feb", "waiting": "#8250df", "leased": "#9a6700", "done": "#1a7f37", "dead": "#cf222e",
+    "cancelled": "#6e7781",
 }
+
+#: Dependencies and dependents listed on a job's page; beyond that they are counted (a chord's
+#: fan-in step may depend on thousands of members).
+EDGES_SHOWN = 100
 
 
 def _ids(queryset: QuerySet[Job]) -> list[int]:
@@ -42,7 +54,8 @@ class JobAdmin(_JobAdminBase):
     list_display: tuple[str, ...] = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age",
                                      "last_error_short")
     list_display_links = ("id", "task")
-    list_filter: ClassVar[tuple[_ListFilter, ...]] = ("status", QueueFilter, TaskFilter, HasErrorsFilter)
+    list_filter: ClassVar[tuple[_ListFilter, ...]] = ("status", QueueFilter, TaskFilter, HasErrorsFilter,
+                                                      WorkflowFilter)
     search_fields = ("=id", "task", "=unique_key")
     search_help_text = "Job id (123 or #123), part of a task name, or an exact unique key."
     list_per_page = 100
@@ -66,6 +79,10 @@ class JobAdmin(_JobAdminBase):
                                                ("started_at", "attempted_at", "finished_at"))}),
         ("Result", {"classes": ("collapse",), "fields": ("result_pretty",)}),
     )
+    #: Shown after the first fieldset for a job in a workflow or with dependencies or dependents.
+    workflow_fieldset: ClassVar[Any] = ("Workflow", {"fields": (("workflow_link", "workflow_step", "workflow_role"),
+                                                 ("waiting_on", "on_dependency_dead", "pass_result"),
+                                                 "dependencies_display", "dependents_display")})
 
     # show_facets exists since Django 5.0: facet counts would count every filter choice per page.
     if hasattr(admin, "ShowFacets"):
@@ -95,9 +112,27 @@ class JobAdmin(_JobAdminBase):
         """Cancel and retry-now need ``change_job``."""
         return request.user.has_perm(f"{APP}.change_job")
 
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets = list(self.fieldsets or ())
+        if obj is not None and self._in_workflow(obj):
+            fieldsets.insert(1, self.workflow_fieldset)
+        return fieldsets
+
+    @staticmethod
+    def _in_workflow(obj: Job) -> bool:
+        """A workflow member or callback, a job with dependents, or one enqueued with ``depends_on``."""
+        if obj.workflow_id is not None or obj.has_dependents or obj.waiting_on:
+            return True
+        # get_object annotates it (no statement of its own); a row read elsewhere asks once.
+        has_edges: bool | None = getattr(obj, "lq_has_edges", None)
+        if has_edges is None:
+            has_edges = Dependency.objects.filter(job_id=obj.pk).exists()
+            obj.lq_has_edges = has_edges  # type: ignore[attr-defined]
+        return has_edges
+
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         names: list[str] = []
-        for _, options in self.fieldsets or ():
+        for _, options in self.get_fieldsets(request, obj):
             for entry in options["fields"]:
                 names.extend(entry if isinstance(entry, tuple) else (cast(str, entry),))
         return names
@@ -161,6 +196,54 @@ class JobAdmin(_JobAdminBase):
     def result_pretty(self, obj: Job) -> str:
         return _pre(obj.result) if obj.result is not None else "—"
 
+    @admin.display(description="workflow")
+    def workflow_link(self, obj: Job) -> str:
+        if obj.workflow_id is None:
+            return "—"
+        url = reverse(f"admin:{APP}_workflow_change", args=[obj.workflow_id])
+        return format_html('<a href="{}" id="lq-workflow-link">workflow #{}</a>', url, obj.workflow_id)
+
+    @admin.display(description="depends on")
+    def dependencies_display(self, obj: Job) -> str:
+        edges = Dependency.objects.filter(job_id=obj.pk)
+        rows = list(edges.order_by("id").values("depends_on_id", "name", "resolved", "depends_on__status")
+                    [:EDGES_SHOWN + 1])
+        items = []
+        for row in rows[:EDGES_SHOWN]:
+            status = row["depends_on__status"] or "deleted"
+            note = ""
+            if not row["resolved"] and obj.status == "waiting":
+                note = f"blocked by job {row['depends_on_id']}: replay it to resume" \
+                    if status in ("dead", "cancelled") else "not done yet"
+            items.append(self._edge(row["depends_on_id"], row["name"], status, note))
+        return self._edges(items, edges.count() - EDGES_SHOWN if len(rows) > EDGES_SHOWN else 0)
+
+    @admin.display(description="dependents")
+    def dependents_display(self, obj: Job) -> str:
+        if not obj.has_dependents:
+            return "none"
+        edges = Dependency.objects.filter(depends_on_id=obj.pk)
+        rows = list(edges.order_by("id").values("job_id", "job__workflow_step", "resolved", "job__status")
+                    [:EDGES_SHOWN + 1])
+        items = [self._edge(row["job_id"], row["job__workflow_step"] or "", row["job__status"] or "deleted",
+                            "waits on this job" if not row["resolved"] and row["job__status"] == "waiting" else "")
+                 for row in rows[:EDGES_SHOWN]]
+        return self._edges(items, edges.count() - EDGES_SHOWN if len(rows) > EDGES_SHOWN else 0)
+
+    @staticmethod
+    def _edge(job_id: int, step: str, status: str, note: str) -> dict[str, Any]:
+        return {"id": job_id, "step": step, "status": status, "note": note,
+                "colour": STATUS_COLOURS.get(status, "inherit"),
+                "url": reverse(f"admin:{APP}_job_change", args=[job_id])}
+
+    @staticmethod
+    def _edges(items: list[dict[str, Any]], more: int) -> str:
+        """Dependency edges as job links with step names, states and notes (at most
+        :data:`EDGES_SHOWN`, then the count of the rest)."""
+        if not items:
+            return "none"
+        return render_to_string("admin/django_leasequeue/job/_edges.html", {"items": items, "more": more})
+
     @admin.display(description="failed attempts")
     def errors_display(self, obj: Job) -> str:
         if not obj.errors:
@@ -223,7 +306,8 @@ class JobAdmin(_JobAdminBase):
             extra.update({
                 "lq_job": obj,
                 "lq_can_replay": obj.status in ("dead", "cancelled") and self.has_replay_permission(request),
-                "lq_can_cancel": (obj.status == "ready" or (obj.status == "leased" and not obj.cancel_requested))
+                "lq_can_cancel": (obj.status in ("ready", "waiting")
+                                  or (obj.status == "leased" and not obj.cancel_requested))
                 and self.has_operate_permission(request),
                 "lq_can_retry_now": obj.status == "ready" and obj.attempts > 0 and obj.run_at > now
                 and self.has_operate_permission(request),
@@ -235,9 +319,11 @@ class JobAdmin(_JobAdminBase):
         return super().change_view(request, object_id, form_url, extra)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
-        # The change page loads the whole row (the list defers the heavy columns).
+        # The change page loads the whole row (the list defers the heavy columns), and whether the
+        # job has dependencies, for its Workflow section (an index probe in the same statement).
         try:
-            return self.get_queryset(request).get(pk=int(object_id))
+            return self.get_queryset(request).annotate(
+                lq_has_edges=Exists(Dependency.objects.filter(job_id=OuterRef("pk")))).get(pk=int(object_id))
         except (ValueError, Job.DoesNotExist):
             return None
 

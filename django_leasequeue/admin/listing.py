@@ -7,6 +7,7 @@ import json
 from typing import Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.db.models.fields.json import KT
@@ -142,6 +143,27 @@ class TaskFilter(_NameFilter):
     def label(self, name: str, names: list[str]) -> str:
         short = name.rsplit(".", 1)[-1]
         return short if [n.rsplit(".", 1)[-1] for n in names].count(short) == 1 else name
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """The jobs of one workflow (members and callbacks): ``?workflow__id__exact=<id>``, the link of a
+    workflow's page. It offers no choices of its own (listing every workflow would read the workflow
+    table on each page load); it shows only while active, so the operator sees it and can clear it."""
+
+    title = "workflow"
+    parameter_name = "workflow__id__exact"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, f"workflow #{value}")] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if not value.isdigit() or int(value) >= 2**63:
+            raise IncorrectLookupParameters(f"workflow id must be a number, got {value!r}")
+        return queryset.filter(workflow_id=int(value))
 
 
 class HasErrorsFilter(admin.SimpleListFilter):

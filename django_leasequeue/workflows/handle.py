@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Q
+
 from .. import store
 
 if TYPE_CHECKING:
@@ -99,14 +101,13 @@ class WorkflowHandle:
         from ..models import Job
 
         waiting = self.jobs().filter(status="waiting").values("id")
-        held = Job.objects.using(self.alias).filter(
-            dependent_edges__job__in=waiting, dependent_edges__resolved=False,
-            status__in=("dead", "cancelled")).distinct().order_by("id")
-        members_failed = self.members().filter(status__in=("dead", "cancelled"))
+        holding = Q(dependent_edges__job__in=waiting, dependent_edges__resolved=False)
         if row.on_success_id is not None and row.members_pending == 0 and self.jobs().filter(
                 id=row.on_success_id, status="waiting").exists():
-            return list((held | members_failed).distinct().order_by("id"))
-        return list(held)
+            # The on_success callback waits on the counters, not on edges: a failed member holds it.
+            holding |= Q(workflow_id=self.id, workflow_role="member")
+        return list(Job.objects.using(self.alias).filter(holding, status__in=("dead", "cancelled"))
+                    .distinct().order_by("id"))
 
     @property
     def state(self) -> str:

@@ -242,3 +242,16 @@ def test_a_job_released_by_the_reaper_wakes_idle_workers():
         listener.close()
     assert payloads == ["default"]
     assert b.callbacks()["on_complete"].status == "ready"
+
+
+def test_a_dead_chord_member_holding_the_callback_is_named_and_the_state_is_blocked():
+    from django_leasequeue import chord
+
+    h = chord([member.step(1), member.step(2)], callback.step()).enqueue()
+    first, second = h.members().order_by("id").values_list("id", flat=True)
+    one, two = _claim(first), _claim(second)
+    store.job_complete([(one.id, one.lease_version, "1")])
+    store.job_fail(two.id, two.lease_version, ERROR, retry_delay=None)
+
+    assert [j.id for j in h.blocked_by()] == [second]
+    assert h.state == "blocked"

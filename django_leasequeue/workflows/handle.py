@@ -102,7 +102,7 @@ class WorkflowHandle:
         held = Job.objects.using(self.alias).filter(
             dependent_edges__job__in=waiting, dependent_edges__resolved=False,
             status__in=("dead", "cancelled")).distinct().order_by("id")
-        members_failed = self.members().filter(status__in=("dead", "cancelled"))
+        members_failed = self.members().filter(status__in=("dead", "cancelled")).distinct()
         if row.on_success_id is not None and row.members_pending == 0 and self.jobs().filter(
                 id=row.on_success_id, status="waiting").exists():
             return list((held | members_failed).distinct().order_by("id"))

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
 
+from django.db import transaction
+
 from . import signals
 from .arguments import (
     MAX_CONCURRENCY_LIMIT,
@@ -476,8 +478,11 @@ def _insert_dependent(new: NewJob, dependency_ids: list[int], policy: str) -> Jo
     if new.unique_key is not None or new.unique_mode != "keep":
         raise EnqueueError("depends_on does not take a unique_key: build a Workflow with a unique_key instead")
     alias = store.db_alias()
-    [job_id] = insert_steps(None, [store.NewStep(new, depends_on_ids=tuple(dependency_ids),
-                                                 on_dependency_dead=policy)], alias=alias)
+    # A savepoint of its own: a refusal from the database (a dependency that does not exist) rolls
+    # back only this insert, and the caller's transaction goes on.
+    with transaction.atomic(using=alias):
+        [job_id] = insert_steps(None, [store.NewStep(new, depends_on_ids=tuple(dependency_ids),
+                                                     on_dependency_dead=policy)], alias=alias)
     return Job.objects.using(alias).get(id=job_id)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
+from .workflows import WORKFLOW_TABLE
 
 # Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job, or a
 # workflow step still waiting for its dependencies, is cancelled at once; a leased job gets
@@ -41,7 +42,7 @@ changed AS (
         cancel_requested = (j.status = 'leased'),
         history = j.history || jsonb_build_array(jsonb_build_object(
             'event', CASE WHEN j.status IN ('ready', 'waiting') THEN 'cancelled' ELSE 'cancel_requested' END,
-            'by', %(by)s::text, 'at', clock.now))
+            'by', %(by)s::text, 'at', clock.now, 'from_status', j.status))
     FROM target, clock
     WHERE j.id = target.id AND (j.status IN ('ready', 'waiting') OR (j.status = 'leased' AND NOT j.cancel_requested))
     RETURNING j.status
@@ -130,9 +131,29 @@ keyed AS MATERIALIZED (
            END AS key_winner
     FROM target t
 ),
+-- A workflow callback that was cancelled while it still waited (never released: its arguments
+-- hold no results yet) waits again when replayed, unless its workflow would release it now:
+-- closed, no member pending or replayed by this statement, and for on_success every member done
+-- (or the policy "run"). It has no edges (waiting_on stays 0); settle releases it with the members'
+-- results. A callback that was released (it ran, or was cancelled while ready) is replayed ready,
+-- with the results it received.
+held_callback AS MATERIALIZED (
+    SELECT t.id FROM target t
+    JOIN {JOB_TABLE} c ON c.id = t.id
+    JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+    WHERE c.workflow_role IN ('on_success', 'on_complete') AND c.status = 'cancelled' AND c.lease_version = 0
+      AND (c.history -> -1 ->> 'from_status' = 'waiting' OR c.history -> -1 ->> 'by' LIKE 'workflow #%%')
+      AND (w.closed_at IS NULL OR EXISTS (
+          SELECT 1 FROM {JOB_TABLE} m
+          WHERE m.workflow_id = w.id AND m.workflow_role = 'member'
+            AND (m.status IN ('ready', 'leased', 'waiting') OR m.id IN (SELECT id FROM target)
+                 OR (c.workflow_role = 'on_success' AND w.on_dependency_dead <> 'run' AND m.status <> 'done'))))
+),
 replayed AS (
     UPDATE {JOB_TABLE} j
-    SET status = CASE WHEN j.waiting_on > 0 THEN 'waiting' ELSE 'ready' END, run_at = clock.now, attempts = 0,
+    SET status = CASE WHEN j.waiting_on > 0 OR j.id IN (SELECT id FROM held_callback) THEN 'waiting'
+                      ELSE 'ready' END,
+        run_at = clock.now, attempts = 0,
         lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
         interruptions = 0, result = NULL,
@@ -177,7 +198,9 @@ class ReplayResult:
     """Outcome of :func:`job_replay`.
 
     Attributes:
-        replayed (list[int]): ids now ready, due at once, in id order.
+        replayed (list[int]): ids replayed, in id order: ready and due at once, or ``waiting``
+            again (a job whose dependencies are not all done, a workflow callback whose members
+            are not).
         refused (dict[int, str]): the other ids with the reason, e.g. ``"job is ready, only dead or
             cancelled jobs are replayed"`` or ``"unique key 'k' is held by job #7"``.
     """

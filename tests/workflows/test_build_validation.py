@@ -7,7 +7,6 @@ import dataclasses
 import re
 
 import pytest
-from django.db.transaction import TransactionManagementError
 
 from django_leasequeue import Batch, Workflow, chain, chord, enqueue, group
 from django_leasequeue.exceptions import ArgumentsMismatch, EnqueueError, PayloadNotSerializable, UnknownTask
@@ -306,11 +305,6 @@ def test_enqueue_refuses_bad_arguments_before_its_dependencies():
     assert first.has_dependents is False
 
 
-@pytest.mark.xfail(strict=True, raises=TransactionManagementError, reason=(
-    "enqueue(depends_on=[missing id]) raises from inside store.workflow_insert_steps' "
-    "atomic(savepoint=False) block with no savepoint of its own around it, so the caller's "
-    "transaction is marked for rollback: the refusal is clear, but the caller cannot run another "
-    "query (Workflow.enqueue() and Batch.add() have their own savepoint and are not affected)"))
 def test_enqueue_refuses_a_missing_dependency_and_the_callers_transaction_goes_on():
     first = add.enqueue(1)
     missing = _unused_id()

@@ -180,11 +180,6 @@ def test_a_cancelled_on_success_stays_cancelled_when_the_member_is_replayed_and_
     assert b.state == "succeeded" and b.is_finished() is True
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a replayed callback skips the fan-in: JOB_REPLAY makes a job with waiting_on = 0 ready, and "
-    "a callback has no dependency edges (waiting_on is always 0), so replaying a cancelled chord "
-    "(members and callback) makes the callback ready at once, before any member ran, with no "
-    "results in its arguments"))
 def test_replaying_a_cancelled_chord_waits_for_its_members_again():
     h = chord([add.step(1), add.step(2)], collect.step()).enqueue()
     h.cancel()
@@ -192,3 +187,38 @@ def test_replaying_a_cancelled_chord_waits_for_its_members_again():
     replay = store.job_replay([j.id for j in h.jobs()])
     assert len(replay.replayed) == 3
     assert h.callbacks()["on_success"].status == "waiting"
+
+    drain()
+
+    callback = h.callbacks()["on_success"]
+    assert (callback.status, callback.args, callback.result) == ("done", [[1, 2]], [1, 2])
+    assert h.state == "succeeded"
+
+
+def test_replaying_a_dead_callback_reruns_it_with_the_results_it_received():
+    h = chord([add.step(1), add.step(2)], flaky.step(fail=True)).enqueue()
+    drain(raise_failures=False)
+    callback = h.callbacks()["on_success"]
+    assert (callback.status, callback.args) == ("dead", [[1, 2]])
+
+    assert store.job_replay([callback.id], kwargs={"fail": False}).replayed == [callback.id]
+
+    callback.refresh_from_db()
+    assert (callback.status, callback.args) == ("ready", [[1, 2]])  # not prepended a second time
+    drain()
+    callback.refresh_from_db()
+    assert (callback.status, callback.result) == ("done", [1, 2])  # flaky returns its value
+    assert h.state == "succeeded"
+
+
+def test_replaying_members_and_a_released_callback_together_does_not_prepend_twice():
+    h = chord([add.step(1), add.step(2)], collect.step()).enqueue()
+    drain(max_jobs=2)
+    callback = h.callbacks()["on_success"]
+    assert (callback.status, callback.args) == ("ready", [[1, 2]])
+    h.cancel()  # the callback is cancelled while ready: it had received its results
+
+    store.job_replay([j.id for j in h.jobs()])
+
+    callback.refresh_from_db()
+    assert (callback.status, callback.args) == ("ready", [[1, 2]])

@@ -245,6 +245,7 @@ from .testing import (
 from .workflows import (
     DEPENDENCY_LOCK,
     DEPENDENCY_TABLE,
+    JOB_CANCEL_DOOMED,
     JOB_DEPENDENCIES,
     WORKFLOW_ADD_MEMBERS,
     WORKFLOW_CLOSE,
@@ -306,6 +307,7 @@ __all__ += ["FLOW_RULES"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",
+    "JOB_CANCEL_DOOMED",
     "JOB_DEPENDENCIES",
     "WORKFLOW_ADD_MEMBERS",
     "WORKFLOW_CLOSE",

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 
 from ..models import Dependency, Workflow
-from ._db import CLOCK, JOB_TABLE, _dumps, _load, _run, _schema_required, db_alias
+from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, _dumps, _load, _run, _schema_required, db_alias
 from .enqueue import NewJob
 from .sequences import sequence_locked
 
@@ -102,7 +102,20 @@ ins AS (
     )
     SELECT s.id, s.o->>'task', s.o->>'queue', (s.o->>'priority')::smallint,
            CASE WHEN (s.o->>'waiting_on')::int > 0 OR s.o->>'role' <> 'member' THEN 'waiting' ELSE 'ready' END,
-           s.args, s.kwargs,
+           -- A step that takes results and whose dependencies (existing jobs) are all finished
+           -- already starts ready with their results, as the settle trigger would have given them.
+           CASE WHEN (s.o->>'waiting_on')::int = 0 AND s.o->>'role' = 'member'
+                     AND coalesce((s.o->>'pass_result')::bool, false) AND (s.o->>'edges')::int > 0 THEN
+                jsonb_build_array((
+                    SELECT CASE WHEN count(*) = 1
+                                THEN (array_agg(CASE WHEN p.status = 'done' THEN p.result END))[1]
+                                ELSE jsonb_object_agg(e.value->>'name', CASE WHEN p.status = 'done' THEN p.result END)
+                           END
+                    FROM jsonb_array_elements(%(edges)s::jsonb) AS e(value)
+                    JOIN {JOB_TABLE} p ON p.id = (e.value->>'on_id')::bigint
+                    WHERE (e.value->>'job')::bigint = s.n)) || s.args
+                ELSE s.args END,
+           s.kwargs,
            coalesce((s.o->>'run_at')::timestamptz, clock.now + make_interval(secs => (s.o->>'delay')::float8)),
            0, (s.o->>'max_attempts')::int, (s.o->>'lease_seconds')::float8, '', 0, 'retained',
            s.o->>'concurrency_key', (s.o->>'concurrency_limit')::int, false, 0, '[]'::jsonb, '[]'::jsonb,
@@ -119,9 +132,10 @@ edges AS (
     INSERT INTO {DEPENDENCY_TABLE} (job_id, depends_on_id, name, resolved)
     SELECT dj.id, coalesce(dn.id, (e.value->>'on_id')::bigint), e.value->>'name',
            coalesce((e.value->>'resolved')::bool, false)
-    FROM jsonb_array_elements(%(edges)s::jsonb) AS e(value)
+    FROM jsonb_array_elements(%(edges)s::jsonb) WITH ORDINALITY AS e(value, n)
     JOIN s dj ON dj.n = (e.value->>'job')::bigint
     LEFT JOIN s dn ON dn.n = (e.value->>'on')::bigint
+    ORDER BY e.n  -- edge ids in declaration order: job_dependencies() lists them so
     RETURNING 1
 ),
 woken AS (
@@ -199,6 +213,21 @@ def workflow_get_by_unique_key(unique_key: str, *, alias: str | None = None) -> 
     return Workflow.objects.using(alias or db_alias()).filter(unique_key=unique_key).first()
 
 
+# Cancel a just-inserted step whose dependency had died before it was built (policy "cancel"),
+# recorded as the trigger records a cascade. Its own status change fires the settle trigger.
+JOB_CANCEL_DOOMED = f"""
+WITH clock AS MATERIALIZED ({CLOCK_WAKING})
+UPDATE {JOB_TABLE} j
+SET status = 'cancelled', finished_at = clock.now,
+    history = j.history || jsonb_build_array(jsonb_build_object(
+        'event', 'cancelled', 'by', 'dependency #' || %(dependency)s::bigint, 'at', clock.now,
+        'from_status', j.status,
+        'reason', 'dependency #' || %(dependency)s::bigint || ' had ended dead or cancelled when this job was built'))
+FROM clock
+WHERE j.id = %(id)s AND j.status = 'waiting'
+"""
+
+
 def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, channel: str | None,
                           alias: str | None = None) -> list[int]:
     """Insert the steps of a workflow, with their dependency edges, in the caller's transaction.
@@ -234,6 +263,7 @@ def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, 
         depended = {name for s in steps for name in s.depends_on}
         opts: list[dict[str, Any]] = []
         edges: list[dict[str, Any]] = []
+        doomed: dict[int, int] = {}  # step position -> its first dead or cancelled dependency
         for n, step in enumerate(steps, 1):
             waiting = len(step.depends_on)
             for name in step.depends_on:
@@ -243,13 +273,23 @@ def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, 
                 resolved = status == "done" or (status in ("dead", "cancelled") and step.on_dependency_dead == "run")
                 edges.append({"job": n, "on_id": dep_id, "name": str(dep_id), "resolved": resolved})
                 waiting += 0 if resolved else 1
-            opts.append(_step_options(step, waiting, step.step in depended))
+                if status in ("dead", "cancelled") and step.on_dependency_dead == "cancel":
+                    doomed.setdefault(n, dep_id)
+            opts.append(_step_options(step, waiting, step.step in depended)
+                        | {"edges": len(step.depends_on) + len(step.depends_on_ids)})
         params = {"now": None, "workflow": workflow_id, "channel": channel, "opts": _dumps(opts),
                   "args": "[" + ",".join(s.job.args_json for s in steps) + "]",
                   "kwargs": "[" + ",".join(s.job.kwargs_json for s in steps) + "]",
                   "edges": _dumps(edges)}
         ids_text, _edges, _woken = _run(WORKFLOW_STEPS_INSERT, params, alias=alias).one()
-    return [int(i) for i in ids_text.split(",")] if ids_text else []
+        ids = [int(i) for i in ids_text.split(",")] if ids_text else []
+        # A step with the "cancel" policy whose dependency is dead (or cancelled) already is
+        # cancelled now, as the settle trigger would have cancelled it when the dependency died:
+        # through the trigger again, so its workflow's counters and its own dependents follow.
+        for n, dep_id in doomed.items():
+            _run(JOB_CANCEL_DOOMED, {"now": None, "id": ids[n - 1], "dependency": dep_id,
+                                     "wake": channel}, alias=alias)
+    return ids
 
 
 def workflow_set_callbacks(workflow_id: int, *, on_success: int | None, on_complete: int | None,

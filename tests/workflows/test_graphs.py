@@ -103,11 +103,6 @@ def test_a_workflow_step_whose_only_dependency_is_done_already_and_another_pendi
     assert h.steps()["b"].args == [{"a": 1, str(done_already.id): 5}]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a step with pass_result=True whose dependencies are all done already when it is built is "
-    "inserted ready with its own args only: WORKFLOW_STEPS_INSERT prepends nothing (the settle "
-    "trigger, which prepends results, never runs for it), so add.step(10) runs as add(10) instead "
-    "of add(5, 10); the bind check had assumed the value would come"))
 def test_a_step_passing_results_from_a_dependency_done_already_receives_its_result():
     done_already = add.enqueue(5)
     drain()
@@ -145,15 +140,28 @@ def test_a_dependency_dead_before_a_dependent_that_runs_anyway_runs_it_at_once()
                                                  "error": ["builtins.ValueError", "flaky failed on 1"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a dependent with on_dependency_dead='cancel' of a job that is dead already is inserted "
-    "waiting and stays waiting forever: the cancel is done only by the settle trigger, when the "
-    "dependency enters dead, and WORKFLOW_STEPS_INSERT neither cancels it nor resolves the edge"))
 def test_a_dependency_dead_before_a_dependent_that_cancels_cancels_it():
     dead = flaky.enqueue(1, fail=True)
     drain(raise_failures=False)
     doomed = enqueue(add, [1], depends_on=[dead], on_dependency_dead="cancel")
     assert doomed.status == "cancelled"
+    assert doomed.history[-1]["by"] == f"dependency #{dead.id}"
+
+
+def test_a_workflow_built_on_a_dead_job_with_the_cancel_policy_cancels_its_steps_and_finishes():
+    dead = flaky.enqueue(1, fail=True)
+    drain(raise_failures=False)
+    wf = Workflow(on_dependency_dead="cancel")
+    wf.add("a", add.step(1), depends_on=[dead])
+    wf.add("b", add.step(2), depends_on=["a"])
+    wf.add("c", add.step(3))
+    h = wf.enqueue()
+
+    assert {name: job.status for name, job in h.steps().items()} == {"a": "cancelled", "b": "cancelled", "c": "ready"}
+    drain()
+    row = h.row()
+    assert (row.members, row.members_pending, row.members_done, row.members_cancelled) == (3, 0, 1, 2)
+    assert h.is_finished
 
 
 def test_a_cancelled_dependency_behaves_like_a_dead_one():
@@ -180,10 +188,6 @@ def test_a_long_chain_of_cancelling_dependents_is_cancelled_in_one_go():
     assert h.row().members_cancelled == 199 and h.is_finished() is True
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "JobContext.dependencies() and store.job_dependencies() promise declaration order (ORDER BY "
-    "the edge id), but WORKFLOW_STEPS_INSERT inserts the edges from a join without ORDER BY, and "
-    "PostgreSQL hands them out in another order (here: reversed)"))
 def test_dependencies_are_listed_in_declaration_order():
     wf = Workflow()
     for name in ("x", "y", "z"):

@@ -109,20 +109,26 @@ class WorkflowHandle:
         return list(Job.objects.using(self.alias).filter(holding, status__in=("dead", "cancelled"))
                     .distinct().order_by("id"))
 
+    def _callback_failed(self, row: Workflow) -> bool:
+        ids = [i for i in (row.on_success_id, row.on_complete_id) if i is not None]
+        return bool(ids) and self.jobs().filter(id__in=ids, status__in=("dead", "cancelled")).exists()
+
     @property
     def state(self) -> str:
         """One word for the whole workflow:
 
         ``"open"`` (a batch not closed yet), ``"running"`` (something is pending and nothing holds
         it back), ``"blocked"`` (a dead or cancelled job holds back a waiting one: see
-        :meth:`blocked_by`), ``"succeeded"`` (finished, every member done), ``"finished"``
-        (finished with dead or cancelled members), ``"cancelled"`` (finished, every member cancelled).
+        :meth:`blocked_by`), ``"succeeded"`` (finished, every member done and no callback dead or
+        cancelled), ``"finished"`` (finished with dead or cancelled members, or a callback that
+        ended dead or cancelled: see :meth:`callbacks`), ``"cancelled"`` (finished, every member
+        cancelled).
         """
         row = self.row()
         if row.closed_at is None:
             return "open"
         if row.finished_at is not None:
-            if row.members_done == row.members:
+            if row.members_done == row.members and not self._callback_failed(row):
                 return "succeeded"
             if row.members and row.members_cancelled == row.members:
                 return "cancelled"

@@ -161,7 +161,7 @@ def test_a_workflow_built_on_a_dead_job_with_the_cancel_policy_cancels_its_steps
     drain()
     row = h.row()
     assert (row.members, row.members_pending, row.members_done, row.members_cancelled) == (3, 0, 1, 2)
-    assert h.is_finished
+    assert h.is_finished()
 
 
 def test_a_cancelled_dependency_behaves_like_a_dead_one():

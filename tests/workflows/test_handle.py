@@ -176,8 +176,8 @@ def test_a_cancelled_on_success_stays_cancelled_when_the_member_is_replayed_and_
     store.job_replay([bad], kwargs={"fail": False})
     assert [r.job_id for r in drain()] == [bad]
     assert b.callbacks()["on_success"].status == "cancelled"
-    # Every member is done now, so the state says succeeded although on_success never ran.
-    assert b.state == "succeeded" and b.is_finished() is True
+    # Every member is done now, but on_success was cancelled and never ran: finished, not succeeded.
+    assert b.state == "finished" and b.is_finished() is True
 
 
 def test_replaying_a_cancelled_chord_waits_for_its_members_again():

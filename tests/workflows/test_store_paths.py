@@ -211,7 +211,7 @@ def test_pruning_keeps_the_workflow_of_a_dead_member():
     store.job_complete([(one.id, one.lease_version, "1")])
     store.job_fail(two.id, two.lease_version, ERROR, retry_delay=None)
     assert b.callbacks()["on_success"].status == "cancelled"
-    assert b.is_finished
+    assert b.is_finished()
     later = store.clock_real_now() + timedelta(days=30)
 
     assert store.job_prune(older_than=86400, now=later) == 2  # the done member and the cancelled callback
@@ -255,3 +255,19 @@ def test_a_dead_chord_member_holding_the_callback_is_named_and_the_state_is_bloc
 
     assert [j.id for j in h.blocked_by()] == [second]
     assert h.state == "blocked"
+
+
+def test_a_chord_whose_callback_died_is_finished_not_succeeded():
+    from django_leasequeue import chord
+
+    h = chord([member.step(1)], callback.step())
+    h = h.enqueue()
+    (only,) = h.members().values_list("id", flat=True)
+    claimed = _claim(only)
+    store.job_complete([(claimed.id, claimed.lease_version, "1")])
+    cb = _claim(h.callbacks()["on_success"].id)
+
+    store.job_fail(cb.id, cb.lease_version, ERROR, retry_delay=None)
+
+    assert h.is_finished()
+    assert h.state == "finished"

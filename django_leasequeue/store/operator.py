@@ -16,7 +16,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
-from .workflows import WORKFLOW_TABLE
+from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 
 # Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job, or a
 # workflow step still waiting for its dependencies, is cancelled at once; a leased job gets
@@ -109,6 +109,14 @@ def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None
 #   replayed and the others are refused.
 # * The target CTE locks rows in id order; its status filter is re-checked after a lock wait, so
 #   a row replayed (or deleted) by a concurrent statement drops out.
+# A job cancelled while it was still waiting: by an operator or "cancel the rest" (the cancel
+# records the status it left), by the "cancel" policy's cascade (the trigger, "dependency #N"), or
+# by its workflow's settle (an on_success callback, "workflow #N", no status recorded).
+_CANCELLED_WHILE_WAITING = (
+    "(c.history -> -1 ->> 'from_status' = 'waiting'"
+    " OR (c.history -> -1 ->> 'from_status' IS NULL"
+    " AND (c.history -> -1 ->> 'by' LIKE 'dependency #%%' OR c.history -> -1 ->> 'by' LIKE 'workflow #%%')))")
+
 JOB_REPLAY = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 req AS MATERIALIZED (SELECT DISTINCT r.id FROM unnest(%(ids)s::bigint[]) AS r(id)),
@@ -142,17 +150,38 @@ held_callback AS MATERIALIZED (
     JOIN {JOB_TABLE} c ON c.id = t.id
     JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
     WHERE c.workflow_role IN ('on_success', 'on_complete') AND c.status = 'cancelled' AND c.lease_version = 0
-      AND (c.history -> -1 ->> 'from_status' = 'waiting' OR c.history -> -1 ->> 'by' LIKE 'workflow #%%')
+      AND {_CANCELLED_WHILE_WAITING}
       AND (w.closed_at IS NULL OR EXISTS (
           SELECT 1 FROM {JOB_TABLE} m
           WHERE m.workflow_id = w.id AND m.workflow_role = 'member'
             AND (m.status IN ('ready', 'leased', 'waiting') OR m.id IN (SELECT id FROM target)
                  OR (c.workflow_role = 'on_success' AND w.on_dependency_dead <> 'run' AND m.status <> 'done'))))
 ),
+-- A dependent cancelled while it waited (by an operator, or by the "cancel" policy) was never
+-- released: its edges are judged again from its dependencies as they stand (one replayed by this
+-- statement counts as pending), its count of unresolved ones set from that, and when none is left
+-- it starts ready with their results, as a release would have given them.
+unreleased AS MATERIALIZED (
+    SELECT t.id FROM target t JOIN {JOB_TABLE} c ON c.id = t.id
+    WHERE c.status = 'cancelled' AND c.lease_version = 0 AND {_CANCELLED_WHILE_WAITING}
+      AND EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} d WHERE d.job_id = t.id)
+),
+reedged AS (
+    UPDATE {DEPENDENCY_TABLE} d
+    SET resolved = p.id NOT IN (SELECT id FROM target)
+                   AND (p.status = 'done' OR (p.status IN ('dead', 'cancelled') AND c.on_dependency_dead = 'run'))
+    FROM {JOB_TABLE} p, {JOB_TABLE} c
+    WHERE d.job_id IN (SELECT id FROM unreleased) AND p.id = d.depends_on_id AND c.id = d.job_id
+    RETURNING d.job_id, d.resolved
+),
+recount AS MATERIALIZED (
+    SELECT r.job_id AS id, count(*) FILTER (WHERE NOT r.resolved) AS open FROM reedged r GROUP BY r.job_id
+),
 replayed AS (
     UPDATE {JOB_TABLE} j
-    SET status = CASE WHEN j.waiting_on > 0 OR j.id IN (SELECT id FROM held_callback) THEN 'waiting'
-                      ELSE 'ready' END,
+    SET status = CASE WHEN coalesce(rc.open, j.waiting_on) > 0 OR j.id IN (SELECT id FROM held_callback)
+                      THEN 'waiting' ELSE 'ready' END,
+        waiting_on = coalesce(rc.open, j.waiting_on),
         run_at = clock.now, attempts = 0,
         lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
         leased_until = NULL, leased_by = '', finished_at = NULL, cancel_requested = false, snoozes = 0,
@@ -160,7 +189,14 @@ replayed AS (
         -- Only a job of a halting sequence can have been skipped: replayed, it halts again if it dies.
         sequence_halts = j.sequence_halts OR (j.sequence_key IS NOT NULL
                                               AND j.history @> '[{{"event": "sequence_skipped"}}]'::jsonb),
-        args = coalesce(%(args)s::jsonb, j.args),
+        args = CASE WHEN rc.open = 0 AND j.pass_result AND %(args)s::jsonb IS NULL THEN jsonb_build_array((
+                        SELECT CASE WHEN count(*) = 1
+                                    THEN (array_agg(CASE WHEN p.status = 'done' THEN p.result END))[1]
+                                    ELSE jsonb_object_agg(e.name, CASE WHEN p.status = 'done' THEN p.result END)
+                               END
+                        FROM {DEPENDENCY_TABLE} e JOIN {JOB_TABLE} p ON p.id = e.depends_on_id
+                        WHERE e.job_id = j.id)) || j.args
+                    ELSE coalesce(%(args)s::jsonb, j.args) END,
         kwargs = coalesce(%(kwargs)s::jsonb, j.kwargs),
         history = j.history
             || CASE WHEN coalesce(%(args)s::jsonb, j.args) IS DISTINCT FROM j.args
@@ -174,7 +210,7 @@ replayed AS (
             || jsonb_build_array(jsonb_build_object(
                 'event', 'replayed', 'by', %(by)s::text, 'at', clock.now, 'from_status', j.status,
                 'attempts', j.attempts, 'token', least(j.lease_version + 1, {TOKEN_MAX})))
-    FROM keyed k, clock
+    FROM keyed k CROSS JOIN clock LEFT JOIN recount rc ON rc.id = k.id
     WHERE j.id = k.id AND k.holder IS NULL AND (k.key_winner IS NULL OR k.key_winner = k.id)
       AND j.status IN ('dead', 'cancelled')
     RETURNING j.id, j.queue

@@ -212,13 +212,47 @@ def test_replaying_a_dead_callback_reruns_it_with_the_results_it_received():
 
 
 def test_replaying_members_and_a_released_callback_together_does_not_prepend_twice():
-    h = chord([add.step(1), add.step(2)], collect.step()).enqueue()
-    drain(max_jobs=2)
-    callback = h.callbacks()["on_success"]
-    assert (callback.status, callback.args) == ("ready", [[1, 2]])
+    h = chord([add.step(1), flaky.step(2, fail=True)], collect.step(), policy="all_finished").enqueue()
+    drain(max_jobs=2, raise_failures=False)
+    (callback,) = h.callbacks().values()
+    assert (callback.status, callback.args) == ("ready", [[1, None]])
     h.cancel()  # the callback is cancelled while ready: it had received its results
+    dead = h.members().get(status="dead")
 
-    store.job_replay([j.id for j in h.jobs()])
+    store.job_replay([dead.id, callback.id])
 
     callback.refresh_from_db()
-    assert (callback.status, callback.args) == ("ready", [[1, 2]])
+    assert (callback.status, callback.args) == ("ready", [[1, None]])  # replayed as it was released
+
+
+def test_a_step_cancelled_by_the_policy_and_replayed_after_its_dependency_gets_the_result():
+    h = chain(flaky.step(5, fail=True), add.step(10), add.step(100), on_dependency_dead="cancel").enqueue()
+    drain(raise_failures=False)
+    first, second, third = h.jobs().order_by("id")
+    assert [first.status, second.status, third.status] == ["dead", "cancelled", "cancelled"]
+    store.job_replay([first.id], kwargs={"fail": False})
+    drain()  # step 1 is done; steps 2 and 3 stay cancelled
+
+    assert store.job_replay([second.id, third.id]).replayed == [second.id, third.id]
+
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert (second.status, second.args, second.waiting_on) == ("ready", [5, 10], 0)
+    assert (third.status, third.waiting_on) == ("waiting", 1)
+    drain()
+    assert h.results() == [5, 15, 115]
+
+
+def test_a_dependent_cancelled_while_waiting_and_replayed_before_its_dependency_waits_for_it():
+    h = chain(flaky.step(5, fail=True), add.step(10), on_dependency_dead="cancel").enqueue()
+    drain(raise_failures=False)
+    first, second = h.jobs().order_by("id")
+
+    with transaction.atomic():  # replayed together: the dependency is pending again when the dependent is judged
+        store.job_replay([first.id], kwargs={"fail": False})
+        store.job_replay([second.id])
+
+    second.refresh_from_db()
+    assert (second.status, second.waiting_on) == ("waiting", 1)
+    drain()
+    assert h.results() == [5, 15]

@@ -4,7 +4,9 @@ handle and a step's dependencies.
 
 Dependencies are never resolved here: the settle trigger of migration 0011
 (``leasequeue_job_settled``) resolves them in the transaction that finishes a job, whatever
-statement finishes it. The statements below only insert, and close.
+statement finishes it, and since migration 0012 counts the members a statement finishes into
+their workflow row once, at the end of that statement (``leasequeue_job_settled_flush``). The
+statements below only insert, and close.
 """
 
 from __future__ import annotations

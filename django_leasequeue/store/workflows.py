@@ -185,7 +185,9 @@ class NewMembers:
 # starts "ready". The ids come from the column default in the order of the SELECT (ORDER BY a.n),
 # so they follow the members' order, which is the order of their results. The per-member template
 # index and step names are joined by position (unnest WITH ORDINALITY), never subscripted: an
-# array subscript walks a text array from its start on every row.
+# array subscript walks a text array from its start on every row. Every member of a template has
+# its queue and run_at, so the NOTIFYs are computed from the templates (the ones of this chunk),
+# not from the inserted rows.
 WORKFLOW_MEMBERS_INSERT = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 t AS MATERIALIZED (
@@ -218,11 +220,12 @@ ins AS (
          LEFT JOIN unnest(%(steps)s::text[]) WITH ORDINALITY AS s(name, n) ON s.n = a.n
          JOIN t ON t.i = coalesce(sh.i, 0)
     ORDER BY a.n
-    RETURNING id, queue, run_at
+    RETURNING id
 ),
 woken AS (
     SELECT leasequeue_wake(%(channel)s, q.queue, q.run_at, (SELECT now FROM clock))
-    FROM (SELECT queue, min(run_at) AS run_at FROM ins GROUP BY queue) AS q
+    FROM (SELECT t.queue, min(coalesce(t.run_at, c.now + make_interval(secs => t.delay))) AS run_at
+          FROM t, clock c WHERE EXISTS (SELECT 1 FROM ins) GROUP BY t.queue) AS q
     WHERE %(channel)s::text IS NOT NULL
 )
 SELECT string_agg(id::text, ',' ORDER BY id), (SELECT count(*) FROM woken) FROM ins

@@ -143,3 +143,23 @@ def test_a_batch_of_more_than_one_insert_chunk_keeps_order():
     assert list(Job.objects.filter(id__in=[ids[0], ids[-1]]).order_by("id").values_list("args", flat=True)) == [
         [0], [10_004]]
     assert b.row().members == 10_005
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_notify_each_queue_once_with_the_earliest_run_at():
+    from django_leasequeue.notify import listen_connection, parse_payload
+
+    conn = listen_connection("default", "leasequeue")
+    try:
+        h = group(add.step(1), add.step(2), mul.step(3).set(queue="other"),
+                  add.step(4).set(run_at=timedelta(hours=1))).enqueue()
+        later = group(add.step(5).set(run_at=timedelta(hours=2)), add.step(6).set(run_at=timedelta(hours=3))).enqueue()
+        notes = [parse_payload(n.payload) for n in conn.notifies(timeout=0.5, stop_after=10)]
+    finally:
+        conn.close()
+    assert Job.objects.filter(workflow_id=h.id).count() == 4
+    first_later = Job.objects.get(workflow_id=later.id, args=[5]).run_at
+    # One NOTIFY per queue and statement: "default" is due now (its earliest member), "other" too;
+    # the second group is due later, and says when its earliest member is due.
+    assert sorted(notes[:2]) == [("default", None), ("other", None)]
+    assert notes[2:] == [("default", first_later.timestamp())]

@@ -18,7 +18,7 @@ from ..conf import get_settings
 from ..enqueueing import insert_members, insert_steps, split_arg_item
 from ..exceptions import EnqueueError
 from ..steps import Step
-from .build import _as_step, _JobBuilder, check_policy
+from .build import _as_step, _gc_paused, _JobBuilder, check_policy
 from .handle import WorkflowHandle
 
 
@@ -69,7 +69,8 @@ class BatchHandle(WorkflowHandle):
                 ``enqueue_many()``), the batch is closed, or a step is invalid.
         """
         shared = dict(options)  # one mapping for every member: a step never changes it
-        steps = [Step(task, tuple(args), kwargs, shared) for args, kwargs in map(split_arg_item, arg_list)]
+        with _gc_paused():
+            steps = [Step(task, tuple(args), kwargs, shared) for args, kwargs in map(split_arg_item, arg_list)]
         return self.add(*steps)
 
     def close(self) -> bool:

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .models import Job
     from .steps import Step
-    from .store import NewJob, NewStep
+    from .store import NewJob, NewMembers, NewStep
 
 __all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs",
-           "insert_steps", "split_arg_item", "task"]
+           "insert_members", "insert_steps", "split_arg_item", "task"]
 
 # The store (and with it the models) is imported inside the functions below, not here: ``@task``
 # runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
@@ -588,6 +588,31 @@ def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: st
     if ids and signals.enabled("enqueued"):
         for job_id, step in zip(ids, steps, strict=True):
             _announce(job_id, step.job.task, step.job.queue)
+    return ids
+
+
+def insert_members(workflow_id: int, members: NewMembers, *, alias: str | None = None) -> list[int]:
+    """Insert members of a workflow that depend on nothing in one statement, in the caller's
+    transaction, and send their ``enqueued`` events.
+
+    Args:
+        workflow_id: the workflow row, whose counters already count these members.
+        members: built and validated by :mod:`django_leasequeue.workflows`.
+        alias: the database alias; None: the job table's.
+
+    Returns:
+        The new job ids in member order.
+    """
+    from . import store
+
+    settings = get_settings()
+    ids = store.workflow_insert_members(workflow_id, members, alias=alias,
+                                        channel=settings.notify_channel if settings.notify else None)
+    if ids and signals.enabled("enqueued"):
+        shape = members.shape or [0] * len(ids)
+        for job_id, index in zip(ids, shape, strict=True):
+            template = members.templates[index]
+            _announce(job_id, template.task, template.queue)
     return ids
 
 

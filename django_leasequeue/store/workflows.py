@@ -4,7 +4,9 @@ handle and a step's dependencies.
 
 Dependencies are never resolved here: the settle trigger of migration 0011
 (``leasequeue_job_settled``) resolves them in the transaction that finishes a job, whatever
-statement finishes it. The statements below only insert, and close.
+statement finishes it, and since migration 0012 counts the members a statement finishes into
+their workflow row once, at the end of that statement (``leasequeue_job_settled_flush``). The
+statements below only insert, and close.
 """
 
 from __future__ import annotations
@@ -146,6 +148,130 @@ woken AS (
 SELECT string_agg(id::text, ',' ORDER BY id), (SELECT count(*) FROM edges), (SELECT count(*) FROM woken)
 FROM ins
 """
+
+@dataclass(frozen=True)
+class NewMembers:
+    """Members of a workflow that depend on nothing (a batch's, a group's, a chord's), to insert in
+    one statement by :func:`workflow_insert_members`: the values members share travel once, in a
+    template, and each member's arguments as one element of a JSON array.
+
+    Attributes:
+        templates: the distinct shared values, each a job built by ``enqueueing.build_job`` (its
+            unique key None; its ``args_json`` and ``kwargs_json`` are ignored).
+        policies: the ``on_dependency_dead`` of each template (``"hold"``, ``"cancel"``, ``"run"``).
+        args_json: a JSON array with one array of positional arguments per member, in order.
+        kwargs_json: a JSON array of keyword-argument objects parallel to ``args_json``, or None
+            when no member has keyword arguments.
+        shape: the index into ``templates`` of each member, or None when every member uses
+            ``templates[0]``.
+        steps: the step name of each member (None for an anonymous one), or None when all are
+            anonymous.
+        count: the number of members.
+    """
+
+    templates: tuple[NewJob, ...]
+    policies: tuple[str, ...]
+    args_json: str
+    kwargs_json: str | None
+    shape: tuple[int, ...] | None
+    steps: tuple[str | None, ...] | None
+    count: int
+
+
+# Insert members that depend on nothing (a batch's, a group's, a chord's) in one statement, as
+# JOB_INSERT_MANY does for enqueue_many(): the shared values come once per template (a handful of
+# JSON objects, decoded once into the small table t), the arguments as one JSON array per kind,
+# expanded by jsonb_array_elements. Nothing here needs an edge or a waiting state: every member
+# starts "ready". The ids come from the column default in the order of the SELECT (ORDER BY a.n),
+# so they follow the members' order, which is the order of their results. The per-member template
+# index and step names are joined by position (unnest WITH ORDINALITY), never subscripted: an
+# array subscript walks a text array from its start on every row. Every member of a template has
+# its queue and run_at, so the NOTIFYs are computed from the templates (the ones of this chunk),
+# not from the inserted rows.
+WORKFLOW_MEMBERS_INSERT = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+t AS MATERIALIZED (
+    SELECT (x.n - 1)::int AS i, x.o->>'task' AS task, x.o->>'queue' AS queue, (x.o->>'priority')::smallint AS priority,
+           (x.o->>'run_at')::timestamptz AS run_at, (x.o->>'delay')::float8 AS delay,
+           (x.o->>'max_attempts')::int AS max_attempts, (x.o->>'lease_seconds')::float8 AS lease_seconds,
+           x.o->>'concurrency_key' AS concurrency_key, (x.o->>'concurrency_limit')::int AS concurrency_limit,
+           x.o->>'sequence_key' AS sequence_key, coalesce((x.o->>'sequence_halts')::bool, false) AS sequence_halts,
+           x.o->>'rate_key' AS rate_key, (x.o->>'rate_limit_n')::int AS rate_limit_n,
+           (x.o->>'rate_limit_secs')::float8 AS rate_limit_secs, x.o->>'fair_key' AS fair_key,
+           x.o->>'policy' AS policy
+    FROM jsonb_array_elements(%(templates)s::jsonb) WITH ORDINALITY AS x(o, n)
+),
+ins AS (
+    INSERT INTO {JOB_TABLE} (
+        task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, leased_by,
+        lease_version, unique_scope, concurrency_key, concurrency_limit, cancel_requested, snoozes, errors,
+        history, created_at, sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key,
+        workflow_id, workflow_step, workflow_role, waiting_on, has_dependents, pass_result, on_dependency_dead
+    )
+    SELECT t.task, t.queue, t.priority, 'ready', a.value, coalesce(k.value, '{{}}'::jsonb),
+           coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts, t.lease_seconds,
+           '', 0, 'retained', t.concurrency_key, t.concurrency_limit, false, 0, '[]'::jsonb, '[]'::jsonb,
+           clock.now, t.sequence_key, t.sequence_halts, t.rate_key, t.rate_limit_n, t.rate_limit_secs, t.fair_key,
+           %(workflow)s, s.name, 'member', 0, false, false, t.policy
+    FROM clock,
+         jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
+         LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
+         LEFT JOIN unnest(%(shape)s::int[]) WITH ORDINALITY AS sh(i, n) ON sh.n = a.n
+         LEFT JOIN unnest(%(steps)s::text[]) WITH ORDINALITY AS s(name, n) ON s.n = a.n
+         JOIN t ON t.i = coalesce(sh.i, 0)
+    ORDER BY a.n
+    RETURNING id
+),
+woken AS (
+    SELECT leasequeue_wake(%(channel)s, q.queue, q.run_at, (SELECT now FROM clock))
+    FROM (SELECT t.queue, min(coalesce(t.run_at, c.now + make_interval(secs => t.delay))) AS run_at
+          FROM t, clock c WHERE EXISTS (SELECT 1 FROM ins) GROUP BY t.queue) AS q
+    WHERE %(channel)s::text IS NOT NULL
+)
+SELECT string_agg(id::text, ',' ORDER BY id), (SELECT count(*) FROM woken) FROM ins
+"""
+
+
+def _template_options(job: NewJob, policy: str) -> dict[str, Any]:
+    return {
+        "task": job.task, "queue": job.queue, "priority": job.priority,
+        "run_at": job.run_at.isoformat() if job.run_at is not None else None, "delay": float(job.delay),
+        "max_attempts": job.max_attempts, "lease_seconds": job.lease_seconds,
+        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
+        "sequence_key": job.sequence_key, "sequence_halts": job.sequence_halts, "rate_key": job.rate_key,
+        "rate_limit_n": job.rate_limit_n, "rate_limit_secs": job.rate_limit_secs, "fair_key": job.fair_key,
+        "policy": policy,
+    }
+
+
+def workflow_insert_members(workflow_id: int, members: NewMembers, *, channel: str | None,
+                            alias: str | None = None) -> list[int]:
+    """Insert members that depend on nothing in one statement, in the caller's transaction
+    (:data:`WORKFLOW_MEMBERS_INSERT`). The workflow's counters are the caller's: it created the
+    workflow with them (:func:`workflow_create`) or counted them in (:func:`workflow_add_members`).
+
+    Args:
+        workflow_id: the workflow row.
+        members: the validated members (at most a few tens of thousands per call: one statement).
+        channel: the NOTIFY channel for due members, or None (notifications off).
+
+    Returns:
+        The new job ids, in member order.
+    """
+    if not members.count:
+        return []
+    alias = alias or db_alias()
+    params = {"now": None, "workflow": workflow_id, "channel": channel,
+              "templates": _dumps([_template_options(t, p) for t, p in zip(members.templates, members.policies,
+                                                                          strict=True)]),
+              "args": members.args_json, "kwargs": members.kwargs_json,
+              "shape": list(members.shape) if members.shape is not None else None,
+              "steps": list(members.steps) if members.steps is not None else None}
+    with _schema_required(alias), transaction.atomic(using=alias, savepoint=False), \
+            sequence_locked([t.sequence_key for t in members.templates], alias=alias):
+        ids_text, _woken = _run(WORKFLOW_MEMBERS_INSERT, params, alias=alias).one()
+    return [int(i) for i in ids_text.split(",")] if ids_text else []
+
 
 # Members added to an open batch: the counters move with the insert, under the workflow row's
 # lock, which a member finishing meanwhile also takes (its trigger updates the same row), so the

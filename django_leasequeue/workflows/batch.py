@@ -15,10 +15,10 @@ from django.db import transaction
 from .. import store
 from ..arguments import check_name
 from ..conf import get_settings
-from ..enqueueing import insert_steps, split_arg_item
+from ..enqueueing import insert_members, insert_steps, split_arg_item
 from ..exceptions import EnqueueError
 from ..steps import Step
-from .build import _as_step, _JobBuilder, check_policy
+from .build import _as_step, _gc_paused, _JobBuilder, check_policy
 from .handle import WorkflowHandle
 
 
@@ -38,18 +38,18 @@ class BatchHandle(WorkflowHandle):
         Raises:
             EnqueueError: the batch is closed (nothing is written), or a step is invalid.
         """
-        builder = _JobBuilder()
-        new = [store.NewStep(builder.build(_as_step(step, f"batch member {n}"), pass_result=False,
-                                           what=f"batch member {n}"))
-               for n, step in enumerate(steps, 1)]
-        if not new:
+        chunks = _JobBuilder().members(
+            [_as_step(step, f"batch member {n}") for n, step in enumerate(steps, 1)],
+            label=lambda n: f"batch member {n + 1}")
+        count = sum(chunk.count for chunk in chunks)
+        if not count:
             return []
         with transaction.atomic(using=self.alias):
-            if not store.workflow_add_members(self.id, len(new), alias=self.alias):
+            if not store.workflow_add_members(self.id, count, alias=self.alias):
                 raise EnqueueError(f"batch #{self.id} is closed (or does not exist): open a new batch")
             ids: list[int] = []
-            for start in range(0, len(new), 10_000):
-                ids.extend(insert_steps(self.id, new[start:start + 10_000], alias=self.alias))
+            for chunk in chunks:
+                ids.extend(insert_members(self.id, chunk, alias=self.alias))
         return ids
 
     def add_many(self, task: Any, arg_list: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
@@ -68,8 +68,9 @@ class BatchHandle(WorkflowHandle):
             EnqueueError: an item's positional arguments are a str or not a list (as
                 ``enqueue_many()``), the batch is closed, or a step is invalid.
         """
-        steps = [Step(task, tuple(args), kwargs, dict(options))
-                 for args, kwargs in map(split_arg_item, arg_list)]
+        shared = dict(options)  # one mapping for every member: a step never changes it
+        with _gc_paused():
+            steps = [Step(task, tuple(args), kwargs, shared) for args, kwargs in map(split_arg_item, arg_list)]
         return self.add(*steps)
 
     def close(self) -> bool:

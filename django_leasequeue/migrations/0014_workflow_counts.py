@@ -4,47 +4,69 @@
 # updated one row ~100 times
 # in one transaction (a long chain of row versions, none of them HOT because progressed_at is
 # indexed, each found through all the earlier ones, with the row lock held throughout). Now each
-# member's move is added to a running delta for its workflow, and the delta is applied in one
-# UPDATE at the end of the statement (or as soon as a member of another workflow comes, or a
-# callback of it finishes), which is where pending reaching 0 is seen and the workflow settled.
+# member's move is added to a running delta for its workflow, and the deltas are applied at the end
+# of the statement, one UPDATE per workflow in workflow id order (or earlier, when a callback of a
+# workflow finishes: the counters it reads must hold every member counted so far), which is where
+# pending reaching 0 is seen and the workflow settled.
 #
-# The running delta is the transaction-local setting leasequeue.workflow_delta, "workflow id,
-# pending, done, dead, cancelled, reopened" (set_config(..., true)): it is undone with the rows
-# when the statement or its savepoint rolls back, and nothing outlives the transaction. A
-# statement-level trigger on the same event as the row trigger (UPDATE OF status) applies it; every
-# other statement that sets a status (claims, retries) pays one call that reads the setting and
-# returns. It cannot be a WHEN clause: a statement trigger's WHEN is evaluated when the event is
-# queued, before the row triggers of the statement have run. The setting is cleared before the
-# delta is applied: whatever the apply runs (the settle releases or cancels callbacks, which fires
-# this trigger again) starts from an empty delta.
+# The running deltas are the transaction-local setting leasequeue.workflow_delta, a JSON object
+# {"<workflow id>": [pending, done, dead, cancelled, reopened]} (set_config(..., true)): it is
+# undone with the rows when the statement or its savepoint rolls back, and nothing outlives the
+# transaction. A statement-level trigger on the same event as the row trigger (UPDATE OF status)
+# applies them; every other statement that sets a status (claims, retries) pays one call that
+# reads the setting and returns. It cannot be a WHEN clause: a statement trigger's WHEN is
+# evaluated when the event is queued, before the row triggers of the statement have run. The
+# setting is cleared before the deltas are applied: whatever the apply runs (the settle releases
+# or cancels callbacks, which fires these triggers again) starts from an empty one.
 #
 # Exactly once stays as it was: each move is in exactly one delta, each delta is applied once,
-# under the workflow row's lock, so exactly one UPDATE sees members_pending reach 0.
+# under the workflow row's lock, so exactly one UPDATE sees members_pending reach 0. Applied in
+# workflow id order, after the statement has locked all its job rows, two completions that finish
+# members of the same workflows lock those workflow rows in the same order: no deadlock between
+# them (members of several batches interleaved by id used to deadlock the completers).
 
 import importlib
 
 from django.db import migrations
 
 COUNT_FUNCTIONS = r"""
--- Apply a delta "workflow id, pending, done, dead, cancelled, reopened" to the workflow row and
--- settle the workflow when no member is pending.
-CREATE OR REPLACE FUNCTION leasequeue_workflow_count(p_delta bigint[], p_now timestamptz, p_channel text)
+-- Apply a delta [pending, done, dead, cancelled, reopened] to a workflow row and settle the
+-- workflow when no member is pending.
+CREATE OR REPLACE FUNCTION leasequeue_workflow_count(p_workflow bigint, p_delta jsonb, p_now timestamptz,
+                                                     p_channel text)
 RETURNS void LANGUAGE plpgsql AS $fn$
 DECLARE
     v_pending integer;
 BEGIN
     UPDATE leasequeue_workflow w
-    SET members_pending = w.members_pending + p_delta[2],
-        members_done = w.members_done + p_delta[3],
-        members_dead = w.members_dead + p_delta[4],
-        members_cancelled = w.members_cancelled + p_delta[5],
+    SET members_pending = w.members_pending + (p_delta->>0)::int,
+        members_done = w.members_done + (p_delta->>1)::int,
+        members_dead = w.members_dead + (p_delta->>2)::int,
+        members_cancelled = w.members_cancelled + (p_delta->>3)::int,
         progressed_at = p_now,
-        finished_at = CASE WHEN p_delta[6] > 0 THEN NULL ELSE w.finished_at END
-    WHERE w.id = p_delta[1]
+        finished_at = CASE WHEN (p_delta->>4)::int > 0 THEN NULL ELSE w.finished_at END
+    WHERE w.id = p_workflow
     RETURNING w.members_pending INTO v_pending;
     IF v_pending = 0 THEN
-        PERFORM leasequeue_workflow_settle(p_delta[1], p_now, p_channel);
+        PERFORM leasequeue_workflow_settle(p_workflow, p_now, p_channel);
     END IF;
+END
+$fn$;
+
+-- Apply every delta this transaction has gathered, in workflow id order, and clear them first.
+CREATE OR REPLACE FUNCTION leasequeue_workflow_flush(p_now timestamptz, p_channel text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_acc text := nullif(current_setting('leasequeue.workflow_delta', true), '');
+    r record;
+BEGIN
+    IF v_acc IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('leasequeue.workflow_delta', '', true);
+    FOR r IN SELECT d.key::bigint AS workflow, d.value FROM jsonb_each(v_acc::jsonb) AS d ORDER BY 1 LOOP
+        PERFORM leasequeue_workflow_count(r.workflow, r.value, coalesce(p_now, leasequeue_now()), p_channel);
+    END LOOP;
 END
 $fn$;
 
@@ -56,8 +78,9 @@ DECLARE
     v_old text := CASE WHEN OLD.status IN ('done', 'dead', 'cancelled') THEN OLD.status ELSE 'pending' END;
     v_new text := CASE WHEN NEW.status IN ('done', 'dead', 'cancelled') THEN NEW.status ELSE 'pending' END;
     v_pending integer;
-    v_acc text;
-    v_delta bigint[];
+    v_map jsonb;
+    v_key text;
+    v_cur jsonb;
     v_released bigint[];
     r record;
 BEGIN
@@ -134,35 +157,23 @@ BEGIN
         END IF;
     END IF;
     IF NEW.workflow_id IS NOT NULL THEN
-        v_acc := nullif(current_setting('leasequeue.workflow_delta', true), '');
         IF NEW.workflow_role = 'member' THEN
-            -- Count the move into this statement's running delta; a delta of another workflow is
-            -- applied first (members of one workflow mostly come together).
-            IF v_acc IS NOT NULL THEN
-                v_delta := string_to_array(v_acc, ',')::bigint[];
-                IF v_delta[1] <> NEW.workflow_id THEN
-                    v_now := coalesce(v_now, leasequeue_now());
-                    v_channel := nullif(current_setting('leasequeue.notify_channel', true), '');
-                    PERFORM set_config('leasequeue.workflow_delta', '', true);
-                    PERFORM leasequeue_workflow_count(v_delta, v_now, v_channel);
-                    v_delta := NULL;
-                END IF;
-            END IF;
-            v_delta := coalesce(v_delta, ARRAY[NEW.workflow_id, 0, 0, 0, 0, 0]::bigint[]);
-            v_delta[2] := v_delta[2] + (v_new = 'pending')::int - (v_old = 'pending')::int;
-            v_delta[3] := v_delta[3] + (v_new = 'done')::int - (v_old = 'done')::int;
-            v_delta[4] := v_delta[4] + (v_new = 'dead')::int - (v_old = 'dead')::int;
-            v_delta[5] := v_delta[5] + (v_new = 'cancelled')::int - (v_old = 'cancelled')::int;
-            v_delta[6] := greatest(v_delta[6], (v_new = 'pending')::int);
-            PERFORM set_config('leasequeue.workflow_delta', array_to_string(v_delta, ','), true);
+            -- Count the move into this transaction's running delta of its workflow.
+            v_map := coalesce(nullif(current_setting('leasequeue.workflow_delta', true), '')::jsonb, '{}'::jsonb);
+            v_key := NEW.workflow_id::text;
+            v_cur := coalesce(v_map -> v_key, '[0, 0, 0, 0, 0]'::jsonb);
+            v_map := v_map || jsonb_build_object(v_key, jsonb_build_array(
+                (v_cur->>0)::int + (v_new = 'pending')::int - (v_old = 'pending')::int,
+                (v_cur->>1)::int + (v_new = 'done')::int - (v_old = 'done')::int,
+                (v_cur->>2)::int + (v_new = 'dead')::int - (v_old = 'dead')::int,
+                (v_cur->>3)::int + (v_new = 'cancelled')::int - (v_old = 'cancelled')::int,
+                greatest((v_cur->>4)::int, (v_new = 'pending')::int)));
+            PERFORM set_config('leasequeue.workflow_delta', v_map::text, true);
         ELSE
             -- A callback: the counters it reads must hold every member counted so far.
             v_now := coalesce(v_now, leasequeue_now());
             v_channel := nullif(current_setting('leasequeue.notify_channel', true), '');
-            IF v_acc IS NOT NULL THEN
-                PERFORM set_config('leasequeue.workflow_delta', '', true);
-                PERFORM leasequeue_workflow_count(string_to_array(v_acc, ',')::bigint[], v_now, v_channel);
-            END IF;
+            PERFORM leasequeue_workflow_flush(v_now, v_channel);
             UPDATE leasequeue_workflow w
             SET progressed_at = v_now,
                 finished_at = CASE WHEN v_new = 'pending' THEN NULL ELSE w.finished_at END
@@ -178,13 +189,9 @@ END
 $fn$;
 
 CREATE OR REPLACE FUNCTION leasequeue_job_settled_flush() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_acc text := nullif(current_setting('leasequeue.workflow_delta', true), '');
 BEGIN
-    IF v_acc IS NOT NULL THEN
-        PERFORM set_config('leasequeue.workflow_delta', '', true);
-        PERFORM leasequeue_workflow_count(string_to_array(v_acc, ',')::bigint[], leasequeue_now(),
-                                          nullif(current_setting('leasequeue.notify_channel', true), ''));
+    IF nullif(current_setting('leasequeue.workflow_delta', true), '') IS NOT NULL THEN
+        PERFORM leasequeue_workflow_flush(NULL, nullif(current_setting('leasequeue.notify_channel', true), ''));
     END IF;
     RETURN NULL;
 END
@@ -207,7 +214,8 @@ DROP_COUNT_FUNCTIONS = """
 DROP TRIGGER IF EXISTS leasequeue_job_settled_flush ON leasequeue_job;
 DROP FUNCTION IF EXISTS leasequeue_job_settled_flush();
 """ + _settled_before() + """
-DROP FUNCTION IF EXISTS leasequeue_workflow_count(bigint[], timestamptz, text);
+DROP FUNCTION IF EXISTS leasequeue_workflow_flush(timestamptz, text);
+DROP FUNCTION IF EXISTS leasequeue_workflow_count(bigint, jsonb, timestamptz, text);
 """
 
 

@@ -30,6 +30,82 @@ import importlib
 from django.db import migrations
 
 COUNT_FUNCTIONS = r"""
+-- Dead-letter jobs about to be released whose dependencies' results are too large to put into
+-- their arguments: over 64 MiB as JSON text (PostgreSQL refuses a jsonb array over 255 MiB, a
+-- value over 1 GB, and a worker would have to load it all). They end dead with the reason, which
+-- an operator sees in the admin, instead of failing the statement that finished their last
+-- dependency; their own dependents follow their policy, as any dead job's do.
+CREATE OR REPLACE FUNCTION leasequeue_results_too_large(p_ids bigint[], p_from text, p_by text, p_now timestamptz)
+RETURNS void LANGUAGE sql AS $fn$
+    UPDATE leasequeue_job j
+    SET status = 'dead', finished_at = p_now, leased_until = NULL,
+        errors = CASE WHEN jsonb_typeof(j.errors) = 'array' THEN j.errors ELSE '[]'::jsonb END
+                 || jsonb_build_array(jsonb_build_object(
+                     'attempt', j.attempts, 'type', 'django_leasequeue.exceptions.PayloadTooLarge',
+                     'message', 'the results of ' || p_from || ' are over 64 MiB as JSON, too large to '
+                                || 'pass in the arguments: build this step with .set(pass_result=False) '
+                                || 'and read them in the handler (WorkflowHandle(ctx.workflow_id())'
+                                || '.results(), ctx.dependencies())',
+                     'traceback', '', 'worker', p_by, 'at', p_now))
+    WHERE j.id = ANY(p_ids) AND j.status IN ('waiting', 'ready');
+$fn$;
+
+-- Settle a closed workflow with no pending member (migration 0011's, with one change): when the
+-- members' results are too large to pass to a callback that takes them, that callback ends dead
+-- with the reason (leasequeue_results_too_large) instead of failing the statement that finished
+-- the last member, which would keep that member from finishing at all (and, from the reaper's
+-- sweep, every other expired lease with it). Checked before the release, not caught as an
+-- error: an exception block would open a subtransaction per settle, and a completion that
+-- settles many workflows at once would overflow the backend's subtransaction cache.
+CREATE OR REPLACE FUNCTION leasequeue_workflow_settle(p_workflow bigint, p_now timestamptz, p_channel text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+    w leasequeue_workflow%ROWTYPE;
+    r record;
+    v_due bigint[];
+BEGIN
+    SELECT * INTO w FROM leasequeue_workflow WHERE id = p_workflow;
+    IF NOT FOUND OR w.closed_at IS NULL OR w.members_pending > 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(j.id), '{}') INTO v_due FROM leasequeue_job j
+    WHERE j.status = 'waiting' AND (
+        j.id = w.on_complete_id
+        OR (j.id = w.on_success_id AND (w.members_done = w.members OR w.on_dependency_dead = 'run')));
+    IF EXISTS (SELECT 1 FROM leasequeue_job j WHERE j.id = ANY(v_due) AND j.pass_result)
+       AND (SELECT coalesce(sum(octet_length(m.result::text)), 0) FROM leasequeue_job m
+            WHERE m.workflow_id = p_workflow AND m.workflow_role = 'member') > 67108864 THEN
+        PERFORM leasequeue_results_too_large(
+            ARRAY(SELECT j.id FROM leasequeue_job j WHERE j.id = ANY(v_due) AND j.pass_result),
+            'the workflow''s members', 'workflow #' || p_workflow, p_now);
+    END IF;
+    FOR r IN
+        UPDATE leasequeue_job j
+        SET status = 'ready', run_at = greatest(j.run_at, p_now),
+            args = CASE WHEN j.pass_result THEN jsonb_build_array((
+                       SELECT coalesce(jsonb_agg(m.result ORDER BY m.id), '[]'::jsonb) FROM leasequeue_job m
+                       WHERE m.workflow_id = p_workflow AND m.workflow_role = 'member')) || j.args
+                   ELSE j.args END
+        WHERE j.id = ANY(v_due) AND j.status = 'waiting'
+        RETURNING j.queue, j.run_at
+    LOOP
+        PERFORM leasequeue_wake(p_channel, r.queue, r.run_at, p_now);
+    END LOOP;
+    IF w.members_done < w.members AND w.on_dependency_dead = 'cancel' THEN
+        UPDATE leasequeue_job j
+        SET status = 'cancelled', finished_at = p_now,
+            history = j.history || jsonb_build_array(jsonb_build_object(
+                'event', 'cancelled', 'by', 'workflow #' || p_workflow, 'at', p_now,
+                'reason', 'a member ended dead or cancelled'))
+        WHERE j.id = w.on_success_id AND j.status = 'waiting';
+    END IF;
+    UPDATE leasequeue_workflow x SET finished_at = p_now
+    WHERE x.id = p_workflow AND x.finished_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM leasequeue_job c WHERE c.id IN (w.on_success_id, w.on_complete_id)
+                      AND c.status IN ('waiting', 'ready', 'leased'));
+END
+$fn$;
+
 -- Apply a delta [pending, done, dead, cancelled, reopened] to a workflow row and settle the
 -- workflow when no member is pending.
 CREATE OR REPLACE FUNCTION leasequeue_workflow_count(p_workflow bigint, p_delta jsonb, p_now timestamptz,
@@ -82,6 +158,7 @@ DECLARE
     v_key text;
     v_cur jsonb;
     v_released bigint[];
+    v_big bigint[];
     r record;
 BEGIN
     IF v_old = v_new THEN
@@ -127,6 +204,16 @@ BEGIN
             END IF;
         END LOOP;
         IF cardinality(v_released) > 0 THEN
+            -- Results that would not fit in the arguments (over 64 MiB as JSON text, the limit of
+            -- leasequeue_results_too_large) dead-letter the released job with the reason instead
+            -- of failing this statement, which would keep the job finishing here from finishing.
+            SELECT coalesce(array_agg(x.id), '{}') INTO v_big FROM (
+                SELECT e.job_id AS id FROM leasequeue_dependency e JOIN leasequeue_job p ON p.id = e.depends_on_id
+                WHERE e.job_id = ANY(v_released) GROUP BY e.job_id
+                HAVING sum(octet_length(p.result::text)) > 67108864) AS x;
+            IF cardinality(v_big) > 0 THEN
+                PERFORM leasequeue_results_too_large(v_big, 'its dependencies', 'job #' || NEW.id, v_now);
+            END IF;
             UPDATE leasequeue_job j
             SET args = jsonb_build_array((
                     SELECT CASE WHEN count(*) = 1
@@ -135,7 +222,7 @@ BEGIN
                            END
                     FROM leasequeue_dependency e JOIN leasequeue_job p ON p.id = e.depends_on_id
                     WHERE e.job_id = j.id)) || j.args
-            WHERE j.id = ANY(v_released);
+            WHERE j.id = ANY(v_released) AND NOT j.id = ANY(v_big);
         END IF;
         IF v_new <> 'done' THEN
             WITH RECURSIVE doomed(id) AS (
@@ -210,10 +297,19 @@ def _settled_before() -> str:
     return str(module.JOB_SETTLED)
 
 
+def _settle_before() -> str:
+    """leasequeue_workflow_settle() as migration 0011 installed it (restored on the way back)."""
+    module = importlib.import_module("django_leasequeue.migrations.0011_workflows")
+    text = str(module.WORKFLOW_FUNCTIONS)
+    start = text.index("CREATE OR REPLACE FUNCTION leasequeue_workflow_settle(")
+    return text[start:text.index("CREATE OR REPLACE FUNCTION leasequeue_job_settled()")]
+
+
 DROP_COUNT_FUNCTIONS = """
 DROP TRIGGER IF EXISTS leasequeue_job_settled_flush ON leasequeue_job;
 DROP FUNCTION IF EXISTS leasequeue_job_settled_flush();
-""" + _settled_before() + """
+""" + _settled_before() + _settle_before() + """
+DROP FUNCTION IF EXISTS leasequeue_results_too_large(bigint[], text, text, timestamptz);
 DROP FUNCTION IF EXISTS leasequeue_workflow_flush(timestamptz, text);
 DROP FUNCTION IF EXISTS leasequeue_workflow_count(bigint, jsonb, timestamptz, text);
 """

@@ -271,3 +271,44 @@ def test_a_chord_whose_callback_died_is_finished_not_succeeded():
 
     assert h.is_finished()
     assert h.state == "finished"
+
+
+BIG = '"' + "x" * (9 * 1024 * 1024) + '"'  # 9 MiB of JSON text
+
+
+def test_results_too_large_for_a_callback_dead_letter_the_callback_and_the_last_member_still_finishes():
+    from django_leasequeue import chord
+
+    h = chord([member.step(i) for i in range(8)], callback.step()).enqueue()  # 8 x 9 MiB > 64 MiB
+    ids = list(h.members().order_by("id").values_list("id", flat=True))
+    for job_id in ids:
+        claimed = _claim(job_id)
+        assert store.job_complete([(claimed.id, claimed.lease_version, BIG)]) == {job_id}
+
+    callback_job = h.callbacks()["on_success"]
+    assert callback_job.status == "dead"
+    assert callback_job.args == []  # nothing was put into its arguments
+    (error,) = callback_job.errors
+    assert error["type"] == "django_leasequeue.exceptions.PayloadTooLarge"
+    assert "over 64 MiB" in error["message"] and "pass_result=False" in error["message"]
+    assert _counters(h.id) == (8, 0, 8, 0, 0, True)
+    assert h.state == "finished"
+
+
+def test_results_too_large_for_a_dependent_dead_letter_it_and_its_dependency_still_finishes():
+    from django_leasequeue import Workflow
+
+    wf = Workflow()
+    for name in "abcdefgh":
+        wf.add(name, member.step())
+    wf.add("join", callback.step().set(pass_result=True), depends_on=list("abcdefgh"))
+    h = wf.enqueue()
+    steps = h.steps()
+    for name in "abcdefgh":
+        claimed = _claim(steps[name].id)
+        assert store.job_complete([(claimed.id, claimed.lease_version, BIG)]) == {claimed.id}
+
+    join = Job.objects.get(pk=steps["join"].id)
+    assert (join.status, join.args) == ("dead", [])
+    assert join.errors[-1]["worker"] == f"job #{steps['h'].id}"
+    assert h.state == "finished"

@@ -459,8 +459,29 @@ def _dependency_id(dep: Any) -> int:
     if isinstance(dep, int) and not isinstance(dep, bool):
         return dep
     if isinstance(getattr(dep, "pk", None), int):
+        check_job_database(dep, "depends_on")
         return int(dep.pk)
     raise EnqueueError(f"depends_on takes job ids or Job objects, got {dep!r}")
+
+
+def check_job_database(job: Any, what: str) -> None:
+    """Refuse a Job object read from another database than the job table's: its id would name
+    another job (or none) there.
+
+    Args:
+        job: a :class:`~django_leasequeue.models.Job` (or an object with ``pk`` and ``_state``).
+        what: where it was given, for the message (e.g. ``"depends_on"``).
+
+    Raises:
+        EnqueueError: it was read from another database.
+    """
+    from . import store
+
+    db = getattr(getattr(job, "_state", None), "db", None)
+    alias = store.db_alias()
+    if db is not None and db != alias:
+        raise EnqueueError(f"{what}: job #{job.pk} was read from database {db!r}, but jobs are in {alias!r}; "
+                           "a dependency must be a job of the job table's database")
 
 
 def _insert_dependent(new: NewJob, dependency_ids: list[int], policy: str) -> Job:

@@ -275,12 +275,25 @@ def workflow_insert_members(workflow_id: int, members: NewMembers, *, channel: s
 
 # Members added to an open batch: the counters move with the insert, under the workflow row's
 # lock, which a member finishing meanwhile also takes (its trigger updates the same row), so the
-# counts are never behind. A closed batch is refused (the row comes back with closed_at set).
+# counts are never behind. A closed batch is refused (no row), and so are members past %(max)s
+# when a callback takes the members' results (the row, but nothing added).
 WORKFLOW_ADD_MEMBERS = f"""
-UPDATE {WORKFLOW_TABLE} w
-SET members = w.members + %(n)s, members_pending = w.members_pending + %(n)s, progressed_at = leasequeue_now()
-WHERE w.id = %(workflow)s AND w.closed_at IS NULL
-RETURNING w.id
+WITH open AS MATERIALIZED (
+    SELECT w.id, w.members,
+           EXISTS (SELECT 1 FROM {JOB_TABLE} c WHERE c.id IN (w.on_success_id, w.on_complete_id) AND c.pass_result)
+               AS passes
+    FROM {WORKFLOW_TABLE} w
+    WHERE w.id = %(workflow)s AND w.closed_at IS NULL
+    FOR UPDATE OF w
+),
+added AS (
+    UPDATE {WORKFLOW_TABLE} w
+    SET members = w.members + %(n)s, members_pending = w.members_pending + %(n)s, progressed_at = leasequeue_now()
+    FROM open
+    WHERE w.id = open.id AND (NOT open.passes OR open.members + %(n)s <= %(max)s)
+    RETURNING w.id
+)
+SELECT o.members, (SELECT count(*) FROM added) FROM open o
 """
 
 # Close an open batch; when no member is pending the callbacks are released at once (the same
@@ -425,13 +438,21 @@ def workflow_set_callbacks(workflow_id: int, *, on_success: int | None, on_compl
          alias=alias)
 
 
-def workflow_add_members(workflow_id: int, count: int, *, alias: str | None = None) -> bool:
+def workflow_add_members(workflow_id: int, count: int, *, max_passed: int, alias: str | None = None) -> str:
     """Count ``count`` new members into an open batch (before inserting them, in one transaction).
 
+    Args:
+        max_passed: the most members a batch may have when a callback takes their results.
+
     Returns:
-        False when the batch is closed or missing (nothing was changed).
+        ``"added"``; ``"closed"`` when the batch is closed or missing, ``"too_many"`` when a callback
+        takes the results and the batch would have more than ``max_passed`` members (nothing was
+        changed in either case).
     """
-    return _run(WORKFLOW_ADD_MEMBERS, {"workflow": workflow_id, "n": count}, alias=alias).one() is not None
+    row = _run(WORKFLOW_ADD_MEMBERS, {"workflow": workflow_id, "n": count, "max": max_passed}, alias=alias).one()
+    if row is None:
+        return "closed"
+    return "added" if row[1] else "too_many"
 
 
 def workflow_close(workflow_id: int, *, channel: str | None, alias: str | None = None) -> bool:

@@ -18,7 +18,7 @@ from ..conf import get_settings
 from ..enqueueing import insert_members, insert_steps, split_arg_item
 from ..exceptions import EnqueueError
 from ..steps import Step
-from .build import _as_step, _gc_paused, _JobBuilder, check_policy
+from .build import INLINE_RESULTS_MAX, _as_step, _gc_paused, _JobBuilder, check_policy
 from .handle import WorkflowHandle
 
 
@@ -45,8 +45,14 @@ class BatchHandle(WorkflowHandle):
         if not count:
             return []
         with transaction.atomic(using=self.alias):
-            if not store.workflow_add_members(self.id, count, alias=self.alias):
+            outcome = store.workflow_add_members(self.id, count, max_passed=INLINE_RESULTS_MAX, alias=self.alias)
+            if outcome == "closed":
                 raise EnqueueError(f"batch #{self.id} is closed (or does not exist): open a new batch")
+            if outcome == "too_many":
+                raise EnqueueError(
+                    f"batch #{self.id}: a callback takes the members' results, and a batch passes at most "
+                    f"{INLINE_RESULTS_MAX} of them in its arguments; open it with a callback built with "
+                    ".set(pass_result=False) and read WorkflowHandle(ctx.workflow_id()).results() in it")
             ids: list[int] = []
             for chunk in chunks:
                 ids.extend(insert_members(self.id, chunk, alias=self.alias))

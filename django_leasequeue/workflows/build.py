@@ -26,7 +26,7 @@ from django.db import transaction
 from .. import store
 from ..arguments import check_name
 from ..conf import get_settings
-from ..enqueueing import build_job, insert_members, insert_steps
+from ..enqueueing import build_job, check_job_database, insert_members, insert_steps
 from ..exceptions import EnqueueError
 from ..payload import (
     MAX_CHUNK_CHARS,
@@ -61,7 +61,9 @@ def check_policy(value: Any, what: str) -> str:
 
 def _as_step(value: Any, what: str) -> Step:
     if not isinstance(value, Step):
-        raise EnqueueError(f"{what} must be a Step (my_task.step(...)), got {value!r}")
+        hint = (" (a group inside a chain: build a Workflow and use Workflow.add(..., depends_on=[...]))"
+                if isinstance(value, Workflow) else "")
+        raise EnqueueError(f"{what} must be a Step (my_task.step(...)), got {value!r}{hint}")
     return value
 
 
@@ -359,6 +361,7 @@ class Workflow:
             elif isinstance(dep, int) and not isinstance(dep, bool):
                 ids.append(dep)
             elif hasattr(dep, "pk") and isinstance(dep.pk, int):
+                check_job_database(dep, f"step {name!r}: depends_on")
                 ids.append(dep.pk)
             else:
                 raise EnqueueError(f"step {name!r}: depends_on takes step names, job ids or Job objects, got {dep!r}")
@@ -446,7 +449,7 @@ class Workflow:
                 raise EnqueueError(
                     f"{role}: {len(self._nodes)} members are too many results to pass in the callback's "
                     f"arguments (at most {INLINE_RESULTS_MAX}); use .set(pass_result=False) and read "
-                    "WorkflowHandle(ctx workflow).results() in the callback")
+                    "WorkflowHandle(ctx.workflow_id()).results() in the callback (a takes_context=True task)")
             job = builder.build(callback, pass_result=pass_result, what=role)
             steps.append(store.NewStep(job, role=role, pass_result=pass_result))
         return members, steps

@@ -174,3 +174,20 @@ def test_opening_a_batch_with_a_taken_unique_key_returns_it_and_writes_nothing()
     assert (again.id, again.created) == (b.id, False)
     assert rows() == before
     assert b.row().name == "first" and list(again.callbacks()) == ["on_complete"]
+
+
+def test_a_batch_whose_callback_takes_results_refuses_members_past_the_inline_limit(monkeypatch):
+    import django_leasequeue.workflows.batch as batch_module
+    from django_leasequeue.exceptions import EnqueueError
+
+    monkeypatch.setattr(batch_module, "INLINE_RESULTS_MAX", 3)
+    b = Batch.open(on_success=collect.step().set(pass_result=True))
+    b.add(add.step(1), add.step(2))
+    with pytest.raises(EnqueueError, match=r"a batch passes at most 3 of them in its arguments"):
+        b.add(add.step(3), add.step(4))
+    b.add(add.step(3))
+    assert (b.row().members, b.members().count()) == (3, 3)  # the refused add wrote nothing
+
+    by_reference = Batch.open(on_success=collect.step(None).set(pass_result=False))
+    by_reference.add_many(add, [[i] for i in range(5)])
+    assert by_reference.row().members == 5

@@ -96,19 +96,17 @@ def test_a_dependency_id_that_does_not_exist_is_refused_and_the_existing_one_is_
     assert existing.status == "ready"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Workflow.add() and enqueue(depends_on=) take a Job object by its pk alone: a Job read from "
-    "another database is accepted and the step silently waits for the job of the same id in the "
-    "job table's database"))
 def test_a_job_object_of_another_database_is_refused():
     same_id = add.enqueue(1)
     foreign = Job(id=same_id.id, task=same_id.task)
     foreign._state.db = "elsewhere"
     foreign._state.adding = False
     wf = Workflow()
-    with refused(EnqueueError, "database"):
+    with refused(EnqueueError, "read from database 'elsewhere', but jobs are in 'default'"):
         wf.add("a", add.step(1), depends_on=[foreign])
         wf.enqueue()
+    with refused(EnqueueError, "^depends_on: job #.* read from database 'elsewhere'"):
+        enqueue(add, [1], depends_on=[foreign])
 
 
 # --- options -----------------------------------------------------------------------------------

@@ -455,8 +455,12 @@ def workflow_add_members(workflow_id: int, count: int, *, max_passed: int, alias
     return "added" if row[1] else "too_many"
 
 
-def workflow_close(workflow_id: int, *, channel: str | None, alias: str | None = None) -> bool:
+def workflow_close(workflow_id: int, *, channel: str | None, settle: bool = True, alias: str | None = None) -> bool:
     """Close an open batch; release its callbacks at once when no member is pending.
+
+    Args:
+        channel: the NOTIFY channel for released callbacks, or None.
+        settle: False: only close (a cancel that cancels the callbacks next).
 
     Returns:
         True when this call closed it; False when it was closed already or does not exist.
@@ -466,7 +470,7 @@ def workflow_close(workflow_id: int, *, channel: str | None, alias: str | None =
         row = _run(WORKFLOW_CLOSE, {"now": None, "workflow": workflow_id}, alias=alias).one()
         if row is None:
             return False
-        if row[1] == 0:
+        if row[1] == 0 and settle:
             _run(WORKFLOW_SETTLE, {"workflow": workflow_id, "channel": channel}, alias=alias)
     return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
 from django.db.models import Q
 
 from .. import store
@@ -140,7 +141,8 @@ class WorkflowHandle:
     def cancel(self, *, by: str = "") -> store.CancelCounts:
         """Cancel the rest: every waiting or ready job of the workflow (members and callbacks) is
         cancelled now, every leased one is asked to stop (it ends cancelled at its worker's next
-        write). Finished jobs are left as they are.
+        write). Finished jobs are left as they are. An open batch is closed first, so that no
+        member can be added after the cancel.
 
         Args:
             by: who cancelled (recorded in each job's history).
@@ -148,8 +150,12 @@ class WorkflowHandle:
         Returns:
             :class:`~django_leasequeue.store.CancelCounts`.
         """
-        ids = list(self.jobs().filter(status__in=PENDING).values_list("id", flat=True))
-        return store.job_request_cancel(ids, by=by or f"workflow #{self.id} cancelled", alias=self.alias)
+        with transaction.atomic(using=self.alias):
+            # Closed before the jobs are read: a member added meanwhile is either in the list or
+            # refused. Closed without settling: the callbacks are cancelled next, unreleased.
+            store.workflow_close(self.id, channel=None, settle=False, alias=self.alias)
+            ids = list(self.jobs().filter(status__in=PENDING).values_list("id", flat=True))
+            return store.job_request_cancel(ids, by=by or f"workflow #{self.id} cancelled", alias=self.alias)
 
     def is_finished(self) -> bool:
         """True when the workflow is closed, no member is pending and no callback is pending."""

@@ -191,3 +191,20 @@ def test_a_batch_whose_callback_takes_results_refuses_members_past_the_inline_li
     by_reference = Batch.open(on_success=collect.step(None).set(pass_result=False))
     by_reference.add_many(add, [[i] for i in range(5)])
     assert by_reference.row().members == 5
+
+
+def test_cancelling_an_open_batch_closes_it_and_cancels_its_callbacks_unreleased():
+    from django_leasequeue.exceptions import EnqueueError
+
+    b = Batch.open(on_success=collect.step().set(pass_result=True), on_complete=collect.step(None))
+    b.add(add.step(1))
+    drain()  # the member is done; the batch is still open, its callbacks wait
+
+    counts = b.cancel()
+
+    assert counts.cancelled == 2
+    assert {role: (job.status, job.args) for role, job in b.callbacks().items()} == {
+        "on_success": ("cancelled", []), "on_complete": ("cancelled", [None])}
+    with pytest.raises(EnqueueError, match="is closed"):
+        b.add(add.step(2))
+    assert b.row().closed_at is not None and b.is_finished()

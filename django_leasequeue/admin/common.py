@@ -49,6 +49,12 @@ def _by(request: HttpRequest) -> str:
     return request.user.get_username() or f"user #{request.user.pk}"
 
 
+def search_id(term: str) -> int | None:
+    """The row id a search term names (``123`` or ``#123``, within a bigint), or None."""
+    digits = term.lstrip("#")
+    return int(digits) if digits.isdigit() and int(digits) < 2**63 else None
+
+
 def check_json_field(value: Any, name: str) -> None:
     """Check a form's JSON arguments as enqueueing does (:func:`~django_leasequeue.payload.check_json`).
 

@@ -22,7 +22,7 @@ from django.utils.timesince import timesince
 
 from ..models import Dependency, Job
 from .actions import ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
-from .common import APP, _JobAdminBase, _ListFilter, _parse_time, _pre, _pretty
+from .common import APP, _JobAdminBase, _ListFilter, _parse_time, _pre, _pretty, search_id
 from .listing import (
     EstimatedCountPaginator,
     HasErrorsFilter,
@@ -147,9 +147,8 @@ class JobAdmin(_JobAdminBase):
         if not term:
             return queryset, False
         q = Q(task__icontains=term) | Q(unique_key=term)
-        digits = term.lstrip("#")
-        if digits.isdigit() and int(digits) < 2**63:
-            q = Q(pk=int(digits)) | Q(unique_key=term)
+        if (row_id := search_id(term)) is not None:
+            q = Q(pk=row_id) | Q(unique_key=term)
         return queryset.filter(q), False
 
     # -- list columns ----------------------------------------------------------------------------

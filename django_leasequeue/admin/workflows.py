@@ -23,7 +23,7 @@ from django.utils.html import format_html
 from ..models import Dependency, Job, JobStatus, Workflow, WorkflowRole
 from ..workflows.handle import PENDING, WorkflowHandle
 from .actions import replay_jobs
-from .common import APP, _by
+from .common import APP, _by, search_id
 from .jobs import STATUS_COLOURS
 from .listing import EstimatedCountPaginator
 
@@ -189,9 +189,8 @@ class WorkflowAdmin(_WorkflowAdminBase):
         if not term:
             return queryset, False
         q = Q(name__icontains=term) | Q(unique_key=term)
-        digits = term.lstrip("#")
-        if digits.isdigit() and int(digits) < 2**63:
-            q |= Q(pk=int(digits))
+        if (row_id := search_id(term)) is not None:
+            q |= Q(pk=row_id)
         return queryset.filter(q), False
 
     @admin.display(description="progress")

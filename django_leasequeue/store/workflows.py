@@ -316,16 +316,9 @@ UPDATE {WORKFLOW_TABLE} SET on_success_id = %(on_success)s, on_complete_id = %(o
 
 
 def _step_options(step: NewStep, waiting_on: int, has_dependents: bool) -> dict[str, Any]:
-    job = step.job
-    return {
-        "task": job.task, "queue": job.queue, "priority": job.priority,
-        "run_at": job.run_at.isoformat() if job.run_at is not None else None, "delay": float(job.delay),
-        "max_attempts": job.max_attempts, "lease_seconds": job.lease_seconds,
-        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
-        "sequence_key": job.sequence_key, "sequence_halts": job.sequence_halts, "rate_key": job.rate_key,
-        "rate_limit_n": job.rate_limit_n, "rate_limit_secs": job.rate_limit_secs, "fair_key": job.fair_key,
+    return _template_options(step.job, step.on_dependency_dead) | {
         "step": step.step, "role": step.role, "waiting_on": waiting_on, "has_dependents": has_dependents,
-        "pass_result": step.pass_result, "policy": step.on_dependency_dead,
+        "pass_result": step.pass_result,
     }
 
 

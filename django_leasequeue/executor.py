@@ -293,7 +293,8 @@ class Executor:
             # fatal (the work is committed), but the job's history says why its result is empty.
             if ctx.fenced_result:
                 if result is not None:
-                    logger.debug("job %s: return value ignored, fenced_atomic() set the result", job.id)
+                    logger.warning("job %s: its return value is ignored: fenced_atomic() set the job's result "
+                                   "(fence.set_result()), which is the one stored and passed on", job.id)
             elif result is not None:
                 self._store_late_result(job, result)
             end_attempt(ctx, "succeeded", **fields)

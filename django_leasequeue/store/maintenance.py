@@ -119,11 +119,13 @@ def job_reap_expired(*, limit: int = 500, now: datetime | None = None, silence: 
     return [Reaped(*r) for r in _run(JOB_REAP, params, alias=alias).rows]
 
 
-# What keeps a finished job past retention (JOB_PRUNE below).
+# What keeps a finished job past retention (JOB_PRUNE below). A cancelled dependent counts: one
+# cancelled while it waited reads its dependencies' results when it is replayed (it is pruned in
+# its own time, and its dependencies after it).
 _STILL_READ = f"""NOT EXISTS (SELECT 1 FROM {WORKFLOW_TABLE} w WHERE w.id = j.workflow_id AND w.finished_at IS NULL)
       AND NOT (j.has_dependents AND EXISTS (
           SELECT 1 FROM {DEPENDENCY_TABLE} d JOIN {JOB_TABLE} dj ON dj.id = d.job_id
-          WHERE d.depends_on_id = j.id AND dj.status = 'waiting'))"""
+          WHERE d.depends_on_id = j.id AND dj.status IN ('waiting', 'cancelled')))"""
 
 # Delete finished jobs past their retention, a small batch at a time so that no statement holds
 # many row locks or bloats one transaction. Dead jobs are kept until replayed or deleted.
@@ -134,9 +136,9 @@ _STILL_READ = f"""NOT EXISTS (SELECT 1 FROM {WORKFLOW_TABLE} w WHERE w.id = j.wo
 # is planned as a sequential scan of the whole table, every batch, growing with the table.
 # A finished job stays while something still reads it: a member of an unfinished workflow (its
 # callback collects the members' results when the last one settles) and a dependency of a job
-# that still waits (its release reads its dependencies' results). The edges of deleted jobs go in
-# the same statement; it returns the workflows the deleted jobs belonged to, for
-# JOB_PRUNE_WORKFLOWS.
+# that still waits, or was cancelled (its release, or its replay, reads its dependencies'
+# results). The edges of deleted jobs go in the same statement; it returns the workflows the
+# deleted jobs belonged to, for JOB_PRUNE_WORKFLOWS.
 JOB_PRUNE = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 done_old AS (
@@ -188,7 +190,8 @@ def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = No
     left.
 
     Kept past retention: a member of an unfinished workflow, and a job another job still waits
-    on (both are read when that workflow or dependent settles).
+    on or was cancelled while waiting on (both are read when that workflow or dependent settles,
+    or the dependent is replayed).
 
     Args:
         older_than: retention in seconds.

@@ -140,18 +140,21 @@ keyed AS MATERIALIZED (
     FROM target t
 ),
 -- A workflow callback that was cancelled while it still waited (never released: its arguments
--- hold no results yet) waits again when replayed, unless its workflow would release it now:
--- closed, no member pending or replayed by this statement, and for on_success every member done
--- (or the policy "run"). It has no edges (waiting_on stays 0); settle releases it with the members'
--- results. A callback that was released (it ran, or was cancelled while ready) is replayed ready,
--- with the results it received.
+-- hold no results yet; a job that waits never runs, and a released one never waits again) waits
+-- again when replayed, unless its workflow would release it now: closed, no member pending or
+-- replayed by this statement, and for on_success every member done (or the policy "run"); then it
+-- starts ready with the members' results, as settle would have released it. It has no edges
+-- (waiting_on stays 0); settle releases it later otherwise. A callback that was released (it ran,
+-- or was cancelled while ready) is replayed ready, with the results it received.
+unreleased_callback AS MATERIALIZED (
+    SELECT t.id FROM target t JOIN {JOB_TABLE} c ON c.id = t.id
+    WHERE c.workflow_role IN ('on_success', 'on_complete') AND c.status = 'cancelled' AND {_CANCELLED_WHILE_WAITING}
+),
 held_callback AS MATERIALIZED (
-    SELECT t.id FROM target t
+    SELECT t.id FROM unreleased_callback t
     JOIN {JOB_TABLE} c ON c.id = t.id
     JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
-    WHERE c.workflow_role IN ('on_success', 'on_complete') AND c.status = 'cancelled' AND c.lease_version = 0
-      AND {_CANCELLED_WHILE_WAITING}
-      AND (w.closed_at IS NULL OR EXISTS (
+    WHERE (w.closed_at IS NULL OR EXISTS (
           SELECT 1 FROM {JOB_TABLE} m
           WHERE m.workflow_id = w.id AND m.workflow_role = 'member'
             AND (m.status IN ('ready', 'leased', 'waiting') OR m.id IN (SELECT id FROM target)
@@ -163,7 +166,7 @@ held_callback AS MATERIALIZED (
 -- it starts ready with their results, as a release would have given them.
 unreleased AS MATERIALIZED (
     SELECT t.id FROM target t JOIN {JOB_TABLE} c ON c.id = t.id
-    WHERE c.status = 'cancelled' AND c.lease_version = 0 AND {_CANCELLED_WHILE_WAITING}
+    WHERE c.status = 'cancelled' AND {_CANCELLED_WHILE_WAITING}
       AND EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} d WHERE d.job_id = t.id)
 ),
 reedged AS (
@@ -189,13 +192,19 @@ replayed AS (
         -- Only a job of a halting sequence can have been skipped: replayed, it halts again if it dies.
         sequence_halts = j.sequence_halts OR (j.sequence_key IS NOT NULL
                                               AND j.history @> '[{{"event": "sequence_skipped"}}]'::jsonb),
-        args = CASE WHEN rc.open = 0 AND j.pass_result AND %(args)s::jsonb IS NULL THEN jsonb_build_array((
+        -- Released by this replay: the results are put before its own arguments (edited or not).
+        args = CASE WHEN rc.open = 0 AND j.pass_result THEN jsonb_build_array((
                         SELECT CASE WHEN count(*) = 1
                                     THEN (array_agg(CASE WHEN p.status = 'done' THEN p.result END))[1]
                                     ELSE jsonb_object_agg(e.name, CASE WHEN p.status = 'done' THEN p.result END)
                                END
                         FROM {DEPENDENCY_TABLE} e JOIN {JOB_TABLE} p ON p.id = e.depends_on_id
-                        WHERE e.job_id = j.id)) || j.args
+                        WHERE e.job_id = j.id)) || coalesce(%(args)s::jsonb, j.args)
+                    WHEN j.pass_result AND j.id IN (SELECT id FROM unreleased_callback)
+                         AND j.id NOT IN (SELECT id FROM held_callback) THEN jsonb_build_array((
+                        SELECT coalesce(jsonb_agg(m.result ORDER BY m.id), '[]'::jsonb) FROM {JOB_TABLE} m
+                        WHERE m.workflow_id = j.workflow_id AND m.workflow_role = 'member'))
+                        || coalesce(%(args)s::jsonb, j.args)
                     ELSE coalesce(%(args)s::jsonb, j.args) END,
         kwargs = coalesce(%(kwargs)s::jsonb, j.kwargs),
         history = j.history

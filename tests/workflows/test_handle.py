@@ -256,3 +256,69 @@ def test_a_dependent_cancelled_while_waiting_and_replayed_before_its_dependency_
     assert (second.status, second.waiting_on) == ("waiting", 1)
     drain()
     assert h.results() == [5, 15]
+
+
+def test_a_callback_cancelled_twice_while_it_waited_still_waits_for_its_members():
+    h = chord([add.step(1), add.step(2)], collect.step()).enqueue()
+    h.cancel()
+    callback = h.callbacks()["on_success"]
+    store.job_replay([callback.id])
+    assert Job.objects.get(id=callback.id).status == "waiting"  # its members are cancelled
+    store.job_request_cancel([callback.id])
+
+    store.job_replay([callback.id])
+
+    assert Job.objects.get(id=callback.id).status == "waiting"
+    store.job_replay(list(h.members().values_list("id", flat=True)))
+    drain()
+    callback.refresh_from_db()
+    assert (callback.status, callback.args, callback.result) == ("done", [[1, 2]], [1, 2])
+
+
+def test_a_callback_replayed_after_its_members_are_done_starts_with_their_results():
+    b = Batch.open(on_success=collect.step().set(pass_result=True), on_dependency_dead="cancel")
+    [_, bad] = b.add(add.step(1), flaky.step(2, fail=True))
+    b.close()
+    drain(raise_failures=False)
+    callback = b.callbacks()["on_success"]
+    assert callback.status == "cancelled"
+    store.job_replay([bad], kwargs={"fail": False})
+    drain()
+
+    store.job_replay([callback.id])
+
+    callback.refresh_from_db()
+    assert (callback.status, callback.args) == ("ready", [[1, 2]])
+    drain()
+    assert b.state == "succeeded"
+
+
+def test_a_dependent_cancelled_twice_and_replayed_after_its_dependency_gets_the_result():
+    h = chain(flaky.step(5, fail=True), add.step(10), on_dependency_dead="cancel").enqueue()
+    drain(raise_failures=False)
+    first, second = h.jobs().order_by("id")
+    store.job_replay([second.id])
+    assert Job.objects.get(id=second.id).status == "waiting"
+    store.job_request_cancel([second.id])
+    store.job_replay([first.id], kwargs={"fail": False})
+    drain()
+
+    store.job_replay([second.id])
+
+    second.refresh_from_db()
+    assert (second.status, second.args) == ("ready", [5, 10])
+
+
+def test_edit_and_replay_of_a_cancelled_dependent_puts_the_results_before_the_edited_arguments():
+    h = chain(flaky.step(5, fail=True), add.step(10), on_dependency_dead="cancel").enqueue()
+    drain(raise_failures=False)
+    first, second = h.jobs().order_by("id")
+    store.job_replay([first.id], kwargs={"fail": False})
+    drain()
+
+    store.job_replay([second.id], args=[20])
+
+    second.refresh_from_db()
+    assert (second.status, second.args) == ("ready", [5, 20])
+    drain()
+    assert h.results() == [5, 25]

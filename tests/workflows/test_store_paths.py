@@ -312,3 +312,16 @@ def test_results_too_large_for_a_dependent_dead_letter_it_and_its_dependency_sti
     assert (join.status, join.args) == ("dead", [])
     assert join.errors[-1]["worker"] == f"job #{steps['h'].id}"
     assert h.state == "finished"
+
+
+def test_pruning_keeps_a_dependency_of_a_cancelled_dependent_for_its_replay():
+    done_early = member.enqueue(7)
+    claimed = _claim(done_early.id)
+    store.job_complete([(claimed.id, claimed.lease_version, "7")])
+    cancelled = enqueue(callback, depends_on=[done_early.id, member.enqueue(8).id])
+    store.job_request_cancel([cancelled.id])
+    later = store.clock_real_now() + timedelta(days=30)
+
+    store.job_prune(older_than=86400, now=later)
+
+    assert Job.objects.filter(pk=done_early.id).exists()  # the cancelled dependent may be replayed

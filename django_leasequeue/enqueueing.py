@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
 
-from django.db import transaction
-
 from . import signals
 from .arguments import (
     MAX_CONCURRENCY_LIMIT,
@@ -33,6 +31,7 @@ from .arguments import (
     throttle_key,
 )
 from .conf import Settings, get_settings, parse_rate, queue_name_problem
+from .dependents import dependency_id, insert_dependent
 from .exceptions import ConfigurationError, EnqueueError
 from .payload import check_arguments_bind, encode_chunks, encode_payload, enqueue_signature, positional_names
 from .registry import P, R, TaskSpec, register_task, resolve_task
@@ -42,10 +41,10 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .models import Job
     from .steps import Step
-    from .store import NewJob, NewMembers, NewStep
+    from .store import NewJob
 
 __all__ = ["Task", "build_job", "enqueue", "enqueue_many", "enqueue_on_commit", "insert_job", "insert_jobs",
-           "insert_members", "insert_steps", "split_arg_item", "task"]
+           "split_arg_item", "task"]
 
 # The store (and with it the models) is imported inside the functions below, not here: ``@task``
 # runs in modules imported while Django loads its apps (an app's models module, the tasks backend),
@@ -262,11 +261,6 @@ def check_sequence_options(task_name: str, sequence_key: Any, sequence_on_dead: 
                                  f"got {sequence_on_dead!r}")
 
 
-def _announce(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
-    """Send the ``enqueued`` event of one written job (every insert path below calls this)."""
-    signals.emit("enqueued", job_id=job_id, task=task_name, queue=queue, attempt=0, token=0, **extra)
-
-
 def build_job(task_spec: TaskSpec[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
               run_at: datetime | timedelta | None = None, queue: str | None = None,
               priority: int | None = None, unique_key: str | None = None, unique_scope: str | None = None,
@@ -449,62 +443,10 @@ def enqueue(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any] = (),
                     debounce=debounce, debounce_max_wait=debounce_max_wait, throttle=throttle)
     if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
         raise EnqueueError(f"depends_on must be a list of job ids or Job objects, got {depends_on!r}")
-    dependency_ids = [_dependency_id(dep) for dep in depends_on]
+    dependency_ids = [dependency_id(dep) for dep in depends_on]
     if dependency_ids or on_dependency_dead != "hold":
-        return _insert_dependent(new, dependency_ids, on_dependency_dead)
+        return insert_dependent(new, dependency_ids, on_dependency_dead)
     return insert_job(new)[0]
-
-
-def _dependency_id(dep: Any) -> int:
-    if isinstance(dep, int) and not isinstance(dep, bool):
-        return dep
-    if isinstance(getattr(dep, "pk", None), int):
-        check_job_database(dep, "depends_on")
-        return int(dep.pk)
-    raise EnqueueError(f"depends_on takes job ids or Job objects, got {dep!r}")
-
-
-def check_job_database(job: Any, what: str) -> None:
-    """Refuse a Job object read from another database than the job table's: its id would name
-    another job (or none) there.
-
-    Args:
-        job: a :class:`~django_leasequeue.models.Job` (or an object with ``pk`` and ``_state``).
-        what: where it was given, for the message (e.g. ``"depends_on"``).
-
-    Raises:
-        EnqueueError: it was read from another database.
-    """
-    from . import store
-
-    db = getattr(getattr(job, "_state", None), "db", None)
-    alias = store.db_alias()
-    if db is not None and db != alias:
-        raise EnqueueError(f"{what}: job #{job.pk} was read from database {db!r}, but jobs are in {alias!r}; "
-                           "a dependency must be a job of the job table's database")
-
-
-def _insert_dependent(new: NewJob, dependency_ids: list[int], policy: str) -> Job:
-    """Insert one job that waits for existing jobs (``enqueue(depends_on=...)``)."""
-    from . import store
-    from .models import Job
-    from .steps import DEPENDENCY_POLICIES
-
-    if policy not in DEPENDENCY_POLICIES:
-        raise EnqueueError(f"on_dependency_dead must be one of {DEPENDENCY_POLICIES}, got {policy!r}")
-    if not dependency_ids:
-        raise EnqueueError("on_dependency_dead is given without depends_on")
-    if len(set(dependency_ids)) != len(dependency_ids):
-        raise EnqueueError(f"depends_on names a job twice: {dependency_ids}")
-    if new.unique_key is not None or new.unique_mode != "keep":
-        raise EnqueueError("depends_on does not take a unique_key: build a Workflow with a unique_key instead")
-    alias = store.db_alias()
-    # A savepoint of its own: a refusal from the database (a dependency that does not exist) rolls
-    # back only this insert, and the caller's transaction goes on.
-    with transaction.atomic(using=alias):
-        [job_id] = insert_steps(None, [store.NewStep(new, depends_on_ids=tuple(dependency_ids),
-                                                     on_dependency_dead=policy)], alias=alias)
-    return Job.objects.using(alias).get(id=job_id)
 
 
 def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
@@ -538,7 +480,7 @@ def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
                                                   now=now, alias=alias)
             if replaced is not None:
                 if replaced[1] and signals.enabled("enqueued"):
-                    _announce(replaced[0].id, replaced[0].task, replaced[0].queue)
+                    signals.announce_enqueued(replaced[0].id, replaced[0].task, replaced[0].queue)
                 return replaced
             job = None
         else:
@@ -546,7 +488,7 @@ def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
                                        alias=alias)
         if job is not None:
             if signals.enabled("enqueued"):
-                _announce(job.id, job.task, job.queue)
+                signals.announce_enqueued(job.id, job.task, job.queue)
             return job, True
         existing = store.job_get_by_unique_key(new.unique_key or "", new.unique_scope, alias=alias)
         if existing is not None:
@@ -580,62 +522,8 @@ def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alia
     rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now, alias=alias)
     if rows and signals.enabled("enqueued"):
         for job in rows:
-            _announce(job.id, job.task, job.queue, **(event_fields(job) if event_fields else {}))
+            signals.announce_enqueued(job.id, job.task, job.queue, **(event_fields(job) if event_fields else {}))
     return rows
-
-def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: str | None = None) -> list[int]:
-    """Insert the jobs of a workflow (or one job with dependencies) in the caller's transaction,
-    with their dependency edges, and send their ``enqueued`` events.
-
-    Args:
-        workflow_id: the workflow row, or None for a job that only depends on existing jobs.
-        steps: built by :func:`build_job` and :mod:`django_leasequeue.workflows`, validated.
-        alias: the database alias; None: the job table's.
-
-    Returns:
-        The new job ids in step order.
-
-    Raises:
-        EnqueueError: a ``depends_on_ids`` job does not exist (nothing is written).
-    """
-    from . import store
-
-    settings = get_settings()
-    try:
-        ids = store.workflow_insert_steps(workflow_id, steps, alias=alias,
-                                          channel=settings.notify_channel if settings.notify else None)
-    except LookupError as exc:
-        raise EnqueueError(str(exc)) from None
-    if ids and signals.enabled("enqueued"):
-        for job_id, step in zip(ids, steps, strict=True):
-            _announce(job_id, step.job.task, step.job.queue)
-    return ids
-
-
-def insert_members(workflow_id: int, members: NewMembers, *, alias: str | None = None) -> list[int]:
-    """Insert members of a workflow that depend on nothing in one statement, in the caller's
-    transaction, and send their ``enqueued`` events.
-
-    Args:
-        workflow_id: the workflow row, whose counters already count these members.
-        members: built and validated by :mod:`django_leasequeue.workflows`.
-        alias: the database alias; None: the job table's.
-
-    Returns:
-        The new job ids in member order.
-    """
-    from . import store
-
-    settings = get_settings()
-    ids = store.workflow_insert_members(workflow_id, members, alias=alias,
-                                        channel=settings.notify_channel if settings.notify else None)
-    if ids and signals.enabled("enqueued"):
-        shape = members.shape or [0] * len(ids)
-        for job_id, index in zip(ids, shape, strict=True):
-            template = members.templates[index]
-            _announce(job_id, template.task, template.queue)
-    return ids
-
 
 def split_arg_item(item: Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
     """One item of a bulk enqueue's ``arg_list`` as ``(args, kwargs)``: a list/tuple of positional
@@ -700,7 +588,7 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
                                            channel=settings.notify_channel, want_ids=report)
         total += count
         for job_id in ids:
-            _announce(job_id, template.task, template.queue)
+            signals.announce_enqueued(job_id, template.task, template.queue)
     return total
 
 

@@ -106,3 +106,14 @@ def emit(event: str, **fields: Any) -> None:
             signal.send_robust(sender=None, event=event, **fields)
     except Exception:  # observability must never break job bookkeeping
         logger.exception("could not emit %s", event)
+
+
+def announce_enqueued(job_id: int, task_name: str, queue: str, **extra: Any) -> None:
+    """Send the ``enqueued`` event of one written job (every insert path calls this, once it
+    checked :func:`enabled`).
+
+    Args:
+        job_id: the new job's id; task_name, queue: its task and queue.
+        extra: further fields of the event (a schedule's name and occurrence).
+    """
+    emit("enqueued", job_id=job_id, task=task_name, queue=queue, attempt=0, token=0, **extra)

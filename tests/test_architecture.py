@@ -135,8 +135,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
                "arguments", "payload", "failures", "steps"),
     "models": ("models",),
     "store": ("store", "store.*"),
-    "services": ("context", "enqueueing", "schedules", "executor", "child", "worker", "worker.*", "processes",
-                 "reaper", "scheduler", "health", "health.*", "notify", "workflows", "workflows.*"),
+    "services": ("context", "dependents", "enqueueing", "schedules", "executor", "child", "worker", "worker.*",
+                 "processes", "reaper", "scheduler", "health", "health.*", "notify", "workflows", "workflows.*"),
     "adapters": ("admin", "admin.*", "backends", "backends.*", "checks", "apps", "views", "urls", "metrics",
                  "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
 }

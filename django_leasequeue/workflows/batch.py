@@ -15,7 +15,8 @@ from django.db import transaction
 from .. import store
 from ..arguments import check_name
 from ..conf import get_settings
-from ..enqueueing import insert_members, insert_steps, split_arg_item
+from ..dependents import insert_members, insert_steps
+from ..enqueueing import split_arg_item
 from ..exceptions import EnqueueError
 from ..steps import Step
 from .build import INLINE_RESULTS_MAX, _as_step, _gc_paused, _JobBuilder, check_policy

@@ -26,7 +26,8 @@ from django.db import transaction
 from .. import store
 from ..arguments import check_name
 from ..conf import get_settings
-from ..enqueueing import build_job, check_job_database, insert_members, insert_steps
+from ..dependents import check_job_database, insert_members, insert_steps
+from ..enqueueing import build_job
 from ..exceptions import EnqueueError
 from ..payload import (
     MAX_CHUNK_CHARS,

@@ -289,15 +289,12 @@ def encode_payload_many(pairs: Sequence[tuple[list[Any], dict[str, Any]]], *, li
     """
     any_kwargs = False
     for i, (a, kw) in enumerate(pairs, first):
-        for n, value in enumerate(a):
-            check_json(value, f"job {i} argument {names[n]!r}" if n < len(names) else f"job {i} args[{n}]")
+        try:
+            check_payload(a, kw, names=names)
+        except PayloadNotSerializable as exc:  # every message starts with the value's path
+            raise PayloadNotSerializable(f"job {i} {exc}") from None
         if kw:
             any_kwargs = True
-            for key, value in kw.items():
-                if not isinstance(key, str):
-                    raise PayloadNotSerializable(f"job {i} keyword argument name {key!r} is not a str")
-                check_text(key, f"job {i} keyword argument name {key!r}")
-                check_json(value, f"job {i} keyword argument {key!r}")
     dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     args_json = dumps([a for a, _ in pairs])
     kwargs_json = dumps([kw for _, kw in pairs]) if any_kwargs else None

@@ -50,11 +50,14 @@ def wf_callback(context: JobContext, results: list[int], *values: int) -> dict[s
 
 
 @task(name="qa.wf_barrier", takes_context=True, max_attempts=5, backoff=RETRY)
-def wf_barrier(context: JobContext, directory: str, chord: int, parties: int = 2, timeout: float = 20.0) -> int:
+def wf_barrier(context: JobContext, directory: str, chord: int, parties: int = 2, timeout: float = 20.0,
+               fenced: bool = False) -> int:
     """Arrive at the barrier ``<directory>/<chord>``: create a file named after this job, then wait
     (polling every millisecond) until ``parties`` files are there and return ``chord``, so the
     members of one chord, run by different workers, return at the same moment. A barrier not met
-    within ``timeout`` seconds leaves a ``missed-<job>`` file (the test asserts there is none)."""
+    within ``timeout`` seconds leaves a ``missed-<job>`` file (the test asserts there is none).
+    ``fenced``: complete inside ``fenced_atomic()`` (an ``Effect`` and the result ``chord``)
+    instead of by the returned value."""
     with ledger.execution(context, "qa.wf_barrier"):
         gate = Path(directory) / str(chord)
         gate.mkdir(parents=True, exist_ok=True)
@@ -65,4 +68,6 @@ def wf_barrier(context: JobContext, directory: str, chord: int, parties: int = 2
                 (gate / f"missed-{context.job_id}").touch()
                 break
             time.sleep(0.001)
+        if fenced:
+            commit_fenced_effect(context, result=chord)
         return chord

@@ -16,11 +16,13 @@ FENCED = "qa.wf_fenced"
 
 
 def books(ids: list[int], *, deaths: dict[int, datetime] | None = None) -> Ledger:
-    """:func:`harness.ledger` over ``ids`` with ``fenced_done`` counted for ``qa.wf_fenced`` (the
-    harness counts ``qa.chaos``), so that :func:`assert_books` can check one effect per done
-    fenced job."""
+    """:func:`harness.ledger` over ``ids`` with ``fenced_done`` counted for ``qa.wf_fenced`` and
+    for the ``qa.wf_barrier`` members run with ``fenced=True`` (the harness counts ``qa.chaos``),
+    so that :func:`assert_books` can check one effect per done fenced job."""
     result = ledger(ids, deaths=deaths)
-    result.fenced_done = Job.objects.filter(id__in=ids, task=FENCED, status="done").count()
+    done = Job.objects.filter(id__in=ids, status="done")
+    result.fenced_done = (done.filter(task=FENCED).count()
+                          + done.filter(task="qa.wf_barrier", kwargs__fenced=True).count())
     return result
 
 

@@ -2,7 +2,9 @@
 
 Each chord has two ``qa.wf_barrier`` members, one on queue ``wfa`` (served only by worker ``a``)
 and one on ``wfb`` (worker ``b``): both handlers wait at a filesystem barrier and return together,
-so the two completions (two transactions, two processes) race for the chord's countdown. The
+so the two completions (two transactions, two processes) race for the chord's countdown. In every
+other chord the ``wfb`` member completes inside ``fenced_atomic()`` (with ``fence.set_result``), so
+the race is between both completion paths too. The
 chords run in waves of one per worker thread, so every member of a wave is running at once. The
 callback must run exactly once per chord: never 0 (both saw a pending sibling) nor 2 (both saw
 none). The workflow row lock taken by the settle trigger serialises the two completions.
@@ -36,7 +38,7 @@ def test_last_two_members_finish_together_200_times(spawn, tmp_path: Path):
     handles = []
     for wave_start in range(0, CHORDS, WAVE):
         wave = [chord([wf_barrier.step(str(tmp_path), n).set(queue="wfa"),
-                       wf_barrier.step(str(tmp_path), n).set(queue="wfb")],
+                       wf_barrier.step(str(tmp_path), n, fenced=n % 2 == 1).set(queue="wfb")],
                       wf_callback.step().set(queue="wfc")).enqueue()
                 for n in range(wave_start, min(wave_start + WAVE, CHORDS))]
         handles += wave
@@ -72,6 +74,8 @@ def test_last_two_members_finish_together_200_times(spawn, tmp_path: Path):
            callback_executions=sum(executions.values()))
     fleet.stop()
     assert missed == []
+    # Both members' results reached the callback, whichever path completed them.
+    assert [h.callbacks()["on_success"].args[0] for h in handles] == [[n, n] for n in range(CHORDS)]
     assert pairs_apart == CHORDS
     assert_books(result)
     assert unexplained_reruns(ids, fleet.deaths) == []

@@ -38,3 +38,13 @@ def viewer_client(db) -> Client:
 def replayer_client(db) -> Client:
     """May look at jobs and replay them, nothing else."""
     return client_for(make_user("replayer", "view_job", "view_deadletter", "replay_job"))
+
+
+@pytest.fixture
+def page(monkeypatch):
+    """A headless Chromium page at 1400 x 1000 (see ``tests/admin/browser.py``)."""
+    from tests.admin import browser  # here, not at the top: it skips the module without Playwright
+
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are safe.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    yield from browser.open_browser()

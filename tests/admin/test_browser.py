@@ -14,33 +14,17 @@ missing, when either is absent.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from django.contrib.auth.models import User
-from django.db import connections
 from invoices.tasks import flaky_sync, import_order, noop
 
 from django_leasequeue.models import Job, QueueState, WorkerProcess
-from tests.conftest import ROOT, wait_for
+from tests.admin import browser
+from tests.admin.browser import shot
+from tests.conftest import wait_for
 
-CHROMIUM = os.environ.get("LEASEQUEUE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOTS = ROOT / "build" / "screenshots"
-
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed "
-                                     "(pip install -e '.[dev]'; scripts/test does it)")
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not (os.access(CHROMIUM, os.X_OK) or shutil.which("chromium")),
-                       reason=f"Chromium is not installed at {CHROMIUM} "
-                              "(apt-get install chromium; scripts/test does it)"),
-]
+pytestmark = browser.MARKS
 
 
 def run_worker_burst(spawn) -> str:
@@ -49,33 +33,6 @@ def run_worker_burst(spawn) -> str:
                    env={"LEASEQUEUE_POLL_INTERVAL": "0.2", "LEASEQUEUE_BACKOFF_BASE": "0.1"})
     assert worker.wait(60) == 0, worker.output()
     return worker.output()
-
-
-@pytest.fixture
-def page(monkeypatch):
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are safe.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    executable = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            page = context.new_page()
-            page.set_default_timeout(60_000)  # generous: CI shares 2 cores with PostgreSQL and workers
-            yield page
-        finally:
-            browser.close()
-            # Inside sync_playwright() an event loop runs in this thread, so asgiref gives this
-            # context its own database connections; close them here, or they outlive the test and
-            # the test database cannot be dropped.
-            connections.close_all()
-
-
-def shot(page, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    target = SCREENSHOTS / name
-    page.screenshot(path=str(target), full_page=True)
-    return target
 
 
 def test_find_fix_replay_and_run_a_dead_letter(page, live_server, spawn):

@@ -27,6 +27,9 @@ Pages (all under the app "Lease queue"):
   Replay), "Replay every dead job" and "Cancel the rest" (``WorkflowHandle.cancel``).
 * **Schedules** (:class:`ScheduleAdmin`): cron in words (cron-descriptor), the next five occurrences
   in the schedule's zone, enable/disable, "run now", validation on the form.
+* **Worker processes** (:class:`WorkerProcessAdmin`, :mod:`.workers`): every registered process
+  (alive or stopped heartbeating, by monitoring's rule) and the jobs each is running, with lease
+  expiry, handlers past their timeout and expired leases with "Release now".
 * **Queue dashboard** (:class:`DashboardAdmin`, ``admin/django_leasequeue/dashboard/``): per queue
   due, scheduled, leased and dead counts, the oldest due job's age, done and dead-lettered jobs in
   the last 5 minutes and hour, paused state with pause/resume, live processes and the last
@@ -68,6 +71,7 @@ from .listing import (
 )
 from .schedules import ScheduleAdmin, ScheduleForm, describe_cron, run_schedule_now
 from .sequences import HaltedSequenceAdmin, skip_sequences
+from .workers import JOBS_SHOWN, WorkerProcessAdmin, workers_page
 from .workflows import (
     STEPS_SHOWN,
     WORKFLOW_STATES,
@@ -84,5 +88,5 @@ __all__ = [
     "duration", "known_queues", "replay_jobs", "retry_now_jobs", "run_schedule_now",
     "HaltedSequenceAdmin", "skip_sequences",
     "STEPS_SHOWN", "WORKFLOW_STATES", "WorkflowAdmin", "WorkflowFilter", "WorkflowStateFilter", "jobs_of_workflow_url",
-    "workflow_state",
+    "workflow_state", "JOBS_SHOWN", "WorkerProcessAdmin", "workers_page",
 ]

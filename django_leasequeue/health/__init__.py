@@ -42,7 +42,7 @@ Modules, one job each (every public name is importable from ``django_leasequeue.
 """
 
 from .checks import CheckResult, Checks, evaluate, lease_checks, overall, stuck_workflows_message, unknown_queue_checks
-from .collect import SNAPSHOT_QUERIES, lease_report, snapshot
+from .collect import SNAPSHOT_QUERIES, lease_report, process_infos, snapshot
 from .leases import FLAG_LOST_WHILE_HEALTHY, FLAG_P99_OVER_TIMEOUT, FLAG_UNREGISTERED, TaskLeaseStats, recommend
 from .report import QueueStats, Snapshot, StuckWorkflow, WorkerInfo
 from .thresholds import Level, Threshold, parse_number, parse_rate, parse_threshold
@@ -68,6 +68,7 @@ __all__ = [
     "parse_number",
     "parse_rate",
     "parse_threshold",
+    "process_infos",
     "recommend",
     "snapshot",
     "stuck_workflows_message",

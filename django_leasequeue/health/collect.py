@@ -71,17 +71,7 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
               "stuck_after": stuck_after}
     rows, process_rows, workflow_row, elapsed = read.snapshot_rows(params, alias=alias or _alias())
     db_now = rows[0][0]
-    workers = []
-    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
-        age = (db_now - beat).total_seconds()
-        if isinstance(wq, (str, bytes)):  # Django's psycopg backend hands jsonb over undecoded
-            wq = json.loads(wq)
-        workers.append(WorkerInfo(
-            id=pid_, kind=kind, host=host, pid=pid, queues=[str(q) for q in wq or []], started_at=started_at,
-            last_heartbeat_at=beat, alive=age <= alive_within, concurrency=concurrency,
-            last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0), stuck_handlers=stuck,
-            stuck_seconds=max((db_now - stuck_since).total_seconds(), 0.0) if stuck_since is not None else 0.0,
-        ))
+    workers = process_infos(process_rows, db_now, alive_within)
     ticks = [w.last_tick_at for w in workers if w.last_tick_at is not None]
     tick_age = max((db_now - max(ticks)).total_seconds(), 0.0) if ticks else None
     snap = Snapshot(now=db_now, workers=workers, scheduler_last_tick_age_seconds=tick_age,
@@ -100,6 +90,34 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
             workers_serving=snap.workers_serving(row[1]), waiting=row[13],
         ))
     return snap
+
+
+def process_infos(process_rows: Sequence[Sequence[Any]], now: datetime, alive_within: float) -> list[WorkerInfo]:
+    """Turn ``store.read.PROCESSES`` rows into :class:`WorkerInfo` values: monitoring's one rule of
+    "alive" (a heartbeat at most ``alive_within`` seconds older than ``now``), shared by
+    :func:`snapshot` and the admin's workers page.
+
+    Args:
+        process_rows: rows of ``PROCESSES`` (id, kind, host, pid, queues, concurrency, started_at,
+            last_heartbeat_at, last_tick_at, stuck handlers, the oldest stuck handler's timeout time).
+        now: the database clock reading to judge by (aware datetime).
+        alive_within: seconds.
+
+    Returns:
+        One :class:`WorkerInfo` per row, in the rows' order.
+    """
+    workers = []
+    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
+        age = (now - beat).total_seconds()
+        if isinstance(wq, (str, bytes)):  # Django's psycopg backend hands jsonb over undecoded
+            wq = json.loads(wq)
+        workers.append(WorkerInfo(
+            id=pid_, kind=kind, host=host, pid=pid, queues=[str(q) for q in wq or []], started_at=started_at,
+            last_heartbeat_at=beat, alive=age <= alive_within, concurrency=concurrency,
+            last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0), stuck_handlers=stuck,
+            stuck_seconds=max((now - stuck_since).total_seconds(), 0.0) if stuck_since is not None else 0.0,
+        ))
+    return workers
 
 
 def _stuck_workflow(row: Sequence[Any]) -> StuckWorkflow | None:

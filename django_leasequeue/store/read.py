@@ -99,6 +99,7 @@ ORDER BY n.queue
 # process): a leased job whose history has a ``timed_out`` entry for its current fencing token is
 # a handler past its task's timeout that is still running (thread mode cannot stop it). Only the
 # few leased rows are read (leasequeue_job_leased).
+TIMED_OUT_NOW = "e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text"
 PROCESSES = f"""
 SELECT p.id, p.kind, p.host, p.pid, p.queues, p.concurrency, p.started_at, p.last_heartbeat_at, p.last_tick_at,
        coalesce(s.stuck, 0), s.since
@@ -107,7 +108,7 @@ LEFT JOIN LATERAL (
     SELECT count(*) AS stuck, min((e->>'at')::timestamptz) AS since
     FROM {JOB_TABLE} j, jsonb_array_elements(j.history) e
     WHERE j.status = 'leased' AND j.leased_by = p.id
-      AND e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text
+      AND {TIMED_OUT_NOW}
 ) s ON true
 ORDER BY p.kind, p.id
 """
@@ -286,3 +287,53 @@ def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
     alias = alias or db_alias()
     jobs = _jobs_from_rows(_run(JOB_GET, {"id": job_id}, alias=alias).rows, alias)
     return jobs[0] if jobs else None
+
+
+# -- The workers page -------------------------------------------------------------------------
+# Every leased job with what the page shows of it, in one statement: the rows come from the small
+# partial index leasequeue_job_leased (only running jobs), numbered per holder so that at most
+# %(limit)s rows per holder are returned, each carrying its holder's total. ``timed_out`` is the
+# rule of PROCESSES above: a ``timed_out`` history entry for the job's current fencing token (its
+# handler is past its task's timeout and still running). Holders need not be registered: a job
+# leased by a process whose row was pruned is returned too (its lease is usually expired).
+RUNNING_JOBS = f"""
+WITH held AS (
+    SELECT j.id, j.task, j.queue, j.attempts, j.max_attempts, j.leased_by, j.leased_until, j.attempted_at,
+           row_number() OVER (PARTITION BY j.leased_by ORDER BY j.attempted_at, j.id) AS n,
+           count(*) OVER (PARTITION BY j.leased_by) AS total,
+           (j.history <> '[]'::jsonb AND EXISTS (
+               SELECT 1 FROM jsonb_array_elements(j.history) e WHERE {TIMED_OUT_NOW})) AS timed_out
+    FROM {JOB_TABLE} j
+    WHERE j.status = 'leased'
+)
+SELECT h.leased_by, h.id, h.task, h.queue, h.attempts, h.max_attempts, h.leased_until, h.attempted_at, h.total,
+       h.timed_out
+FROM held h
+WHERE h.n <= %(limit)s
+ORDER BY h.leased_by, h.n
+"""
+
+
+def workers_page_rows(*, limit: int, now: Any = None,
+                      alias: str | None = None) -> tuple[Any, list[Any], list[Any]]:
+    """Read what the admin's workers page shows, in one read-only snapshot (three statements).
+
+    Args:
+        limit: at most this many running jobs per holding process (the rest are only counted).
+        now: aware datetime to judge by instead of the database clock (tests).
+        alias: database alias; default the job table's.
+
+    Returns:
+        ``(now, PROCESSES rows, RUNNING_JOBS rows)``: the database clock reading (or ``now``), the
+        process registry with each process's stuck handlers, and the leased jobs (``leased_by``,
+        id, task, queue, attempts, max_attempts, leased_until, attempted_at, the holder's total
+        of leased jobs, timed_out), by holder then claim time.
+    """
+    with read_cursor(alias or db_alias()) as cur:
+        cur.execute(CLOCK, {"now": now})
+        clock_now = cur.fetchone()[0]
+        cur.execute(PROCESSES)
+        process_rows = cur.fetchall()
+        cur.execute(RUNNING_JOBS, {"limit": int(limit)})
+        job_rows = cur.fetchall()
+    return clock_now, process_rows, job_rows

@@ -22,6 +22,8 @@ from ..enqueueing import build_job, insert_jobs
 from ..exceptions import LeaseQueueError
 from ..models import Job, Schedule
 from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
+from .schedule_history import HISTORY_SHOWN, history_html, in_zone
+from .workers import relative
 
 _CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
                  "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
@@ -145,12 +147,15 @@ class ScheduleAdmin(_ScheduleAdminBase):
     """Schedules: cron in words, the next five occurrences, enable/disable and "run now"."""
 
     form = ScheduleForm
-    list_display = ("name", "task", "cron", "cron_words", "zone", "enabled", "next_occurrence_at",
-                    "last_occurrence_at", "when_paused", "paused_record")
+    # Few columns, so that next and last run stay visible on a laptop and a phone (bug 1): the raw
+    # cron is under its words, the zone is in the times themselves (bug 9), when_paused is a filter.
+    list_display = ("name", "task", "cron_words", "enabled", "next_run", "last_run", "paused_record")
     list_filter = ("enabled", "source", "when_paused")
     search_fields = ("name", "task")
     actions = ["enable_selected", "disable_selected", "run_now_selected"]
-    readonly_fields = ("cron_words", "next_five", "last_occurrence_at", "next_occurrence_at",
+    change_list_template = "admin/django_leasequeue/schedule/change_list.html"
+    readonly_fields = ("cron_words", "next_five", "next_run", "next_run_relative", "history_table",
+                       "last_occurrence_at", "next_occurrence_at",
                        "skipped_occurrences", "source", "created_at", "updated_at", "paused_skipped",
                        "paused_coalesced", "paused_log_table")
     change_form_template = "admin/django_leasequeue/schedule/change_form.html"
@@ -159,6 +164,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
         return (
             (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "enabled")}),
             ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
+            ("History", {"fields": ("next_run_relative", "history_table"), "classes": ("lq-history-set",)}),
             ("State", {"fields": ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "source",
                                   "created_at", "updated_at")}),
             ("While the queue is paused", {"fields": ("when_paused", "paused_skipped", "paused_coalesced",
@@ -186,9 +192,43 @@ class ScheduleAdmin(_ScheduleAdminBase):
             format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                              rows))
 
-    @admin.display(description="in words")
+    @admin.display(description="when")
     def cron_words(self, obj: Schedule) -> str:
-        return describe_cron(obj.cron) if obj and obj.cron else "—"
+        if not obj or not obj.cron:
+            return "—"
+        return format_html('{}<br><code class="lq-meta">{}</code>', describe_cron(obj.cron), obj.cron)
+
+    def _zone(self, obj: Schedule) -> ZoneInfo | None:
+        try:
+            return ZoneInfo(obj.zone_name)
+        except (ValueError, KeyError):
+            return None
+
+    @admin.display(description="next run", ordering="next_occurrence_at")
+    def next_run(self, obj: Schedule) -> str:
+        """The next occurrence in the schedule's zone, to the second, with the zone."""
+        if not obj or obj.next_occurrence_at is None:
+            return "—" if not obj or obj.enabled else "— (disabled)"
+        return in_zone(obj.next_occurrence_at, self._zone(obj) or UTC)
+
+    @admin.display(description="next run")
+    def next_run_relative(self, obj: Schedule) -> str:
+        """The next occurrence in the schedule's zone and how far off it is by the database clock."""
+        if not obj or obj.next_occurrence_at is None:
+            return self.next_run(obj)
+        left = (obj.next_occurrence_at - store.db_now()).total_seconds()
+        return format_html('{} <span class="lq-meta">({})</span>', self.next_run(obj), relative(left))
+
+    @admin.display(description="last run", ordering="last_occurrence_at")
+    def last_run(self, obj: Schedule) -> str:
+        """The last occurrence emitted, in the schedule's zone."""
+        return in_zone(obj.last_occurrence_at, self._zone(obj) or UTC) if obj else "—"
+
+    @admin.display(description=f"last {HISTORY_SHOWN} occurrences")
+    def history_table(self, obj: Schedule) -> str:
+        if not obj or not obj.pk:
+            return "—"
+        return history_html(obj, self._zone(obj) or UTC, store.db_now())
 
     @admin.display(description="time zone")
     def zone(self, obj: Schedule) -> str:

@@ -18,7 +18,10 @@ time, so take them as they are rather than through ``rate()``):
 ``leasequeue_queue_paused{queue}``                      1 when the queue is paused
 ``leasequeue_workers_serving{queue}``                   alive workers that serve the queue
 ``leasequeue_workers_alive``                            worker processes with a fresh heartbeat
-``leasequeue_processes_alive{kind}``                    alive registered processes per kind
+``leasequeue_processes_alive{kind}``                    alive registered processes per kind (kind
+                                                        reaper: ``runreaper`` only; workers reap too)
+``leasequeue_reaper_last_sweep_age_seconds``            seconds since any process (a worker or a
+                                                        reaper) swept expired leases; absent: never
 ``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick;
                                                         absent when no tick is recorded
 ``leasequeue_stuck_handlers``                           handlers past their task's timeout, still
@@ -106,6 +109,12 @@ class HealthCollector:
         for kind, count in sorted(alive.items()):
             processes.add_metric([kind], count)
         yield processes
+        # Whoever reaps (runreaper, or the workers' own sweep), the sweep row says when it last ran:
+        # alert on this, not on processes_alive{kind="reaper"}, which is 0 when workers do the reaping.
+        if snap.reaper_last_sweep_age_seconds is not None:
+            yield GaugeMetricFamily("leasequeue_reaper_last_sweep_age_seconds",
+                                    "Seconds since expired leases were last swept (absent: never)",
+                                    value=snap.reaper_last_sweep_age_seconds)
         if snap.scheduler_last_tick_age_seconds is not None:
             yield GaugeMetricFamily("leasequeue_scheduler_last_tick_age_seconds",
                                     "Seconds since the last scheduler tick (absent: no tick recorded)",

@@ -75,6 +75,7 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
     ticks = [w.last_tick_at for w in workers if w.last_tick_at is not None]
     tick_age = max((db_now - max(ticks)).total_seconds(), 0.0) if ticks else None
     snap = Snapshot(now=db_now, workers=workers, scheduler_last_tick_age_seconds=tick_age,
+                    reaper_last_sweep_age_seconds=rows[0][14],
                     workers_alive=sum(1 for w in workers if w.alive and w.kind == "worker"),
                     window_short=float(window_short), window_long=float(window_long),
                     alive_within=alive_within, query_seconds=elapsed,

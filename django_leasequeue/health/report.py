@@ -176,6 +176,10 @@ class Snapshot:
         scheduler_last_tick_age_seconds: ``now`` minus the newest ``last_tick_at`` of any
             registered process; None when no tick is recorded (no scheduler ever ran, or its row
             was pruned after it stopped: both mean no scheduler is running).
+        reaper_last_sweep_age_seconds: seconds since any process last swept expired leases (a
+            ``runreaper`` or a worker, which sweeps unless started with ``--no-reaper``), by the
+            database's real clock; None when no sweep ever ran. The truth about reaping:
+            ``alive_by_kind["reaper"]`` counts ``runreaper`` processes only.
         window_short, window_long, alive_within: the parameters used, in seconds.
         query_seconds: wall time of the snapshot's statements.
         workflows_unfinished: workflows and batches not finished (open batches included), over
@@ -191,6 +195,7 @@ class Snapshot:
     workers: list[WorkerInfo] = field(default_factory=list)
     workers_alive: int = 0
     scheduler_last_tick_age_seconds: float | None = None
+    reaper_last_sweep_age_seconds: float | None = None
     window_short: float = 300.0
     window_long: float = 3600.0
     alive_within: float = 30.0
@@ -264,6 +269,7 @@ class Snapshot:
             "stuck_handlers": self.stuck_handlers,
             "alive_by_kind": self.alive_by_kind,
             "scheduler_last_tick_age_seconds": self.scheduler_last_tick_age_seconds,
+            "reaper_last_sweep_age_seconds": self.reaper_last_sweep_age_seconds,
             "query_seconds": self.query_seconds,
             "workflows_unfinished": self.workflows_unfinished,
             "workflows_stuck": self.workflows_stuck,

@@ -16,7 +16,17 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import Dependency, Job, Workflow
-from ._db import _JOB_COLUMN_LIST, CLOCK, JOB_TABLE, PROCESS_TABLE, QUEUE_TABLE, _jobs_from_rows, _run, db_alias
+from ._db import (
+    _JOB_COLUMN_LIST,
+    CLOCK,
+    JOB_TABLE,
+    PROCESS_TABLE,
+    QUEUE_TABLE,
+    SWEEP_TABLE,
+    _jobs_from_rows,
+    _run,
+    db_alias,
+)
 
 # Queue figures in one statement, so every count is from the same snapshot and the same clock
 # reading. Each CTE's WHERE names exactly one status (or the finished ones), so PostgreSQL can
@@ -81,8 +91,12 @@ SELECT c.now, n.queue,
        coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
        coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
        coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
-       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0)
+       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age
 FROM clock c
+-- Seconds since any process last swept expired leases (workers sweep too, unless --no-reaper),
+-- by the real clock the sweep stamps it with; null: no sweep ever ran.
+LEFT JOIN (SELECT greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 AS age
+           FROM {SWEEP_TABLE} WHERE id = 1) sw ON true
 LEFT JOIN names n ON true
 LEFT JOIN ready r ON r.queue = n.queue
 LEFT JOIN leased l ON l.queue = n.queue

@@ -33,5 +33,5 @@ def test_rule_names_match_the_metrics_we_expose():
     for name in ("leasequeue_oldest_ready_age_seconds", "leasequeue_workers_alive", "leasequeue_workers_serving",
                  "leasequeue_jobs", "leasequeue_scheduler_last_tick_age_seconds", "leasequeue_dead_letters_recent",
                  "leasequeue_jobs_done_recent", "leasequeue_leases_expired", "leasequeue_queue_paused",
-                 "leasequeue_workflows_stuck"):
+                 "leasequeue_workflows_stuck", "leasequeue_reaper_last_sweep_age_seconds"):
         assert name in text and f"``{name}" in doc, name

@@ -140,3 +140,19 @@ def test_staff_session_or_forbidden(now):
     with override_settings(LEASEQUEUE={**settings.LEASEQUEUE, "METRICS_ALLOW_STAFF": False}):
         assert scrape(client, token=None).status_code == 403
     assert reverse("leasequeue:metrics") == URL
+
+
+def test_reaping_by_workers_shows_as_a_recent_sweep_while_no_reaper_process_runs(now):
+    # Bug 14: workers reap (unless --no-reaper), so processes_alive{kind="reaper"} == 0 says nothing
+    # about reaping; the sweep row does, whoever swept.
+    from django_leasequeue.reaper import ReaperService
+
+    store.process_register(process_id="h:1:w", kind="worker", host="h", pid=1, queues=None, concurrency=2)
+    before = samples(metrics.render().decode())
+    assert ("leasequeue_reaper_last_sweep_age_seconds", ()) not in before
+    ReaperService(interval=1.0).sweep()  # what a worker's service runs every REAPER_INTERVAL
+    got = samples(metrics.render().decode())
+    assert got[("leasequeue_processes_alive", (("kind", "reaper"),))] == 0
+    assert got[("leasequeue_processes_alive", (("kind", "worker"),))] == 1
+    assert 0 <= got[("leasequeue_reaper_last_sweep_age_seconds", ())] < 5
+    assert 0 <= health.snapshot().reaper_last_sweep_age_seconds < 5

@@ -268,10 +268,20 @@ def delete_jobs(request: HttpRequest, ids: list[int]) -> store.BulkOutcome:
 class ReplayForm(forms.Form):
     """Arguments of a dead letter, editable before the replay (a fix for a bad payload)."""
 
-    args = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 100, "class": "vLargeTextField lq-code"}),
+    args = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 100, "class": "vLargeTextField lq-code"}),
                            help_text="JSON list of positional arguments.")
-    kwargs = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "cols": 100, "class": "vLargeTextField lq-code"}),
+    kwargs = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 100, "class": "vLargeTextField lq-code"}),
                              help_text="JSON object of keyword arguments.")
+
+    #: A textarea is as tall as its pretty-printed text, within these rows.
+    MIN_ROWS, MAX_ROWS = 3, 30
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("args", "kwargs"):
+            text = str((self.data.get(name) if self.is_bound else self.initial.get(name)) or "")
+            lines = text.count("\n") + 1
+            self.fields[name].widget.attrs["rows"] = min(self.MAX_ROWS, max(self.MIN_ROWS, lines))
 
     @staticmethod
     def _load(text: str, kind: type, name: str) -> Any:

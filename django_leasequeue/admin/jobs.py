@@ -345,12 +345,13 @@ class JobAdmin(_JobAdminBase):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
+            # First: "bulk/replay/" would otherwise read as the replay URL of an object "bulk".
+            path("bulk/<str:action>/", wrap(self.bulk_view), name=f"{prefix}_bulk"),
             path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{prefix}_replay"),
             path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{prefix}_cancel"),
             path("<path:object_id>/retry-now/", wrap(self.retry_now_view), name=f"{prefix}_retry_now"),
             path("<path:object_id>/run-now/", wrap(self.run_now_view), name=f"{prefix}_run_now"),
             path("<path:object_id>/release/", wrap(self.release_view), name=f"{prefix}_release"),
-            path("bulk/<str:action>/", wrap(self.bulk_view), name=f"{prefix}_bulk"),
             *super().get_urls(),
         ]
 

@@ -42,10 +42,13 @@ class DeadLetterChangeList(JobChangeList):
 class DeadLetterAdmin(JobAdmin):
     """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
 
-    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "dependents_waiting",
-                    "last_error_short")
+    # No attempts column: a dead job has used its attempts (its page says how many); the width goes
+    # to the last error, the column this page is read for.
+    # "N jobs wait on this job" shares the Replay button's cell (the fix is to replay it).
+    list_display = ("id", "task_display", "queue", "died", "replay_button", "last_error_short")
     list_filter = (DeadQueueFilter, DeadTaskFilter, IncidentSearchFilter)
-    sortable_by = ("id", "task", "queue", "died")
+    list_display_links = ("id", "task_display")
+    sortable_by = ("id", "task_display", "queue", "died")
     ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
     actions = ["replay_selected", "delete_finished_selected"]
     change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
@@ -78,21 +81,23 @@ class DeadLetterAdmin(JobAdmin):
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_replay_permission(request):
             return self.list_display
-        return tuple(c for c in self.list_display if c != "replay_button")
+        return tuple("dependents_waiting" if c == "replay_button" else c for c in self.list_display)
 
     @admin.display(description="died", ordering="finished_at")
     def died(self, obj: Job) -> str:
         if not obj.finished_at:
             return "—"
-        return format_html('<span title="{}">{} ago</span>', show_time(obj.finished_at),
-                           duration((self._now(obj) - obj.finished_at).total_seconds()))
+        # The largest unit only ("3 min ago"): the exact time, to the second, is the title.
+        largest = " ".join(duration((self._now(obj) - obj.finished_at).total_seconds()).split(" ")[:2])
+        return format_html('<span title="{}">{} ago</span>', show_time(obj.finished_at), largest)
 
     @admin.display(description="")
     def replay_button(self, obj: Job) -> str:
         # The changelist is one <form> with the CSRF token; this button posts it to the replay URL.
         url = reverse(f"admin:{APP}_job_replay", args=[obj.pk])
         return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
-                           'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
+                           'name="_from" value="list" data-job="{}">Replay</button>{}', url, obj.pk,
+                           self.dependents_waiting(obj))
 
     @admin.display(description="holds")
     def dependents_waiting(self, obj: Job) -> str:

@@ -165,8 +165,8 @@ def test_times_to_the_second_with_wait_and_run_time(admin_client):
                    started_at=now - timedelta(minutes=8), finished_at=now - timedelta(minutes=7, seconds=30))
     html = page(admin_client, job.id)
     for label in ("run at", "created", "first claim", "latest claim", "finished"):
-        block = re.search(rf"<label[^>]*>{label}:</label>\s*<div class=\"readonly\">([^<]*)</div>", html, re.I)
-        assert block and SECONDS.fullmatch(block.group(1).strip()), label
+        block = re.search(rf"<label[^>]*>{label}:</label>\s*<div class=\"readonly\">(.*?)</div>", html, re.I | re.S)
+        assert block and SECONDS.fullmatch(re.sub(r"<[^>]+>", "", block.group(1)).strip()), label
     wait = re.search(r"<label[^>]*>wait time:</label>\s*<div class=\"readonly\">([^<]*)</div>", html, re.I).group(1)
     run = re.search(r"<label[^>]*>run time:</label>\s*<div class=\"readonly\">([^<]*)</div>", html, re.I).group(1)
     assert (wait.strip(), run.strip()) == ("2 min (due to start of the latest attempt)", "30 s")

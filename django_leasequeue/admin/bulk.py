@@ -140,6 +140,10 @@ def confirmation_page(model_admin: ModelAdmin[Any], request: HttpRequest, ids: l
         "preview": preview,
         "selected": len(ids),
         "skipped_total": sum(preview.skipped.values()),
+        # Counts as the result message writes them ("9,981").
+        "n": {"selected": f"{len(ids):,}", "acting": f"{preview.acting:,}",
+              "skipped": f"{sum(preview.skipped.values()):,}",
+              "reasons": [(reason, f"{count:,}") for reason, count in preview.skipped.items()]},
         "sample": sample,
         "post_url": post_url,
         "ids": ",".join(str(i) for i in ids),

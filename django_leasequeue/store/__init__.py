@@ -339,7 +339,7 @@ __all__ += ["CLOCK_WAKING"]
 __all__ += ["WORKFLOW_SET_CALLBACKS"]
 __all__ += ["WORKFLOW_STATS"]
 
-# The operator's set-based writes of the console (issue 17): run now, release expired leases,
+# The operator's set-based writes of the console: run now, release expired leases,
 # delete finished jobs, and the reasons each gives for the ids it leaves alone.
 from .operator import (  # noqa: E402
     CANCEL_SKIP_REASON,

@@ -1,4 +1,4 @@
-"""Confirmed bulk actions (issue 17, bug 5 and 6): the confirmation page counts exactly what will be
+"""Confirmed bulk actions (bugs 5 and 6): the confirmation page counts exactly what will be
 acted on and skipped (by reason) and writes nothing; the confirming POST acts on the pinned set in
 a constant number of statements, says exactly how many were done and skipped per reason, and writes
 one summary LogEntry. Single actions from a job's page write one LogEntry each."""

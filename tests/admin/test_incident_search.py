@@ -1,4 +1,4 @@
-"""Incident search on the job list and Dead letters (issue 17): error type, error message,
+"""Incident search on the job list and Dead letters: error type, error message,
 arguments by jsonb containment, time of the last failure (relative, by the database clock, or an
 explicit range in the admin's time zone), the operator's states; invalid input is a message, not a
 500; the list machinery for large tables keeps working with a search applied."""

@@ -1,4 +1,4 @@
-"""The job page and list fixes of issue 17 through the test client: snoozed jobs (bug 7), expired
+"""The job page and list fixes through the test client: snoozed jobs (bug 7), expired
 leases and "Release now" (bug 8), times and the database clock (bug 9), error names (bug 10), the
 replay form (bug 11), headings (bug 15), and the queue and task filters (bugs 2 and 3)."""
 

@@ -57,8 +57,20 @@ estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choice
 
 from __future__ import annotations
 
-from .actions import BULK_CHUNK, ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
-from .common import APP, JSON_DISPLAY_LIMIT, duration
+from .actions import (
+    BULK_CHUNK,
+    ReplayForm,
+    cancel_jobs,
+    delete_jobs,
+    log_job_action,
+    release_jobs,
+    replay_jobs,
+    retry_now_jobs,
+    run_now_jobs,
+)
+from .bulk import ACTIONS as BULK_ACTIONS
+from .bulk import BulkAction
+from .common import APP, JSON_DISPLAY_LIMIT, duration, error_name
 from .dashboard import DashboardAdmin
 from .deadletters import DeadLetterAdmin
 from .jobs import STATUS_COLOURS, JobAdmin
@@ -92,4 +104,5 @@ __all__ = [
     "HaltedSequenceAdmin", "skip_sequences",
     "STEPS_SHOWN", "WORKFLOW_STATES", "WorkflowAdmin", "WorkflowFilter", "WorkflowStateFilter", "jobs_of_workflow_url",
     "workflow_state",
+    "BULK_ACTIONS", "BulkAction", "delete_jobs", "error_name", "log_job_action", "release_jobs", "run_now_jobs",
 ]

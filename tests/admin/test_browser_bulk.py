@@ -101,3 +101,11 @@ def test_job_list_dead_letters_and_a_job_page_fit_a_laptop_and_a_phone(live_serv
             decoration = page.evaluate("getComputedStyle(document.querySelector('#lq-edit-replay')).textDecorationLine")
             assert decoration == "none"
             shot(page, f"job-{name}.png")
+            # Bug 11: the replay form's labels sit above their fields, flush with them.
+            page.goto(f"{live_server.url}/admin/django_leasequeue/job/{job_id}/replay/")
+            for field in ("args", "kwargs"):
+                label = page.locator(f"label[for=id_{field}]").bounding_box()
+                area = page.locator(f"#id_{field}").bounding_box()
+                assert abs(label["x"] - area["x"]) <= 2 and label["y"] < area["y"], (field, label, area)
+            assert page.get_attribute("#id_args", "rows") == "3" and page.get_attribute("#id_kwargs", "rows") == "3"
+            assert_fits(page, "#content-main")

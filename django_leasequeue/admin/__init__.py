@@ -2,17 +2,20 @@
 
 Pages (all under the app "Lease queue"):
 
-* **Jobs** (:class:`JobAdmin`): every job, newest first, with status, task, queue, attempts,
-  ``run_at``, age and the last error's type and message; filters by status, queue, task and "has
-  errors" (and, from a workflow's page, by workflow: ``?workflow__id__exact=<id>``); search by id,
-  task or unique key. ``waiting`` jobs (dependencies not finished) have their own colour. The change
-  page is read-only: arguments pretty-printed, every failed attempt with its traceback
-  (collapsible), the operator history (replays, edits, cancels, releases), for a job in a workflow
-  or with dependencies a "Workflow" section (its workflow, its dependencies with their states and
-  "blocked by job N", its dependents), and buttons for Replay, "Edit arguments and replay", Cancel
-  and Retry now.
+* **Jobs** (:class:`JobAdmin`): every job, newest first, with its state judged by the database clock
+  (ready, scheduled, retry wait, snoozed, waiting, leased, lease expired, done, dead, cancelled) and
+  attempts, task, queue, ``run_at`` to the second and the last error (by class name,
+  :func:`~.common.error_name`); filters by state, queue, task, "has errors", workflow
+  (``?workflow__id__exact=<id>``) and the **incident search** (:mod:`.search`: error type, error
+  message, arguments by jsonb containment, time of the last failure); search by id, task or unique
+  key. The change page is read-only: the state with its detail ("lease expired 42 s ago"), times to
+  the second with wait and run time, arguments pretty-printed, every failed attempt with its
+  traceback (collapsible), the operator history, for a job in a workflow or with dependencies a
+  "Workflow" section, and buttons for Replay, "Edit arguments and replay", Cancel, Retry now, Run now
+  (snoozed, scheduled) and Release now (an expired lease; ``admin:django_leasequeue_job_release``).
 * **Dead letters** (:class:`DeadLetterAdmin`, the ``DeadLetter`` proxy): only ``dead`` jobs,
-  newest death first, with counts grouped by task and error type at the top, a Replay button per
+  newest death first, with counts grouped by task and error type at the top (each group links to
+  the search that selects exactly it, and to its confirmed Replay and Delete), a Replay button per
   row, and "N jobs wait on this job" for a dead job that holds dependents (one statement per page).
 * **Halted sequences** (:class:`HaltedSequenceAdmin`, the ``HaltedSequence`` proxy): dead jobs that
   hold their sequence, with the sequence key and the count of jobs waiting behind, and the actions
@@ -37,13 +40,17 @@ Pages (all under the app "Lease queue"):
   as monitoring).
 
 Writes: every change of a job's state goes through :mod:`django_leasequeue.store` (``job_replay``,
-``job_request_cancel``, ``job_retry_now``, ``queue_pause``/``queue_resume``): one statement per
-action however many rows are selected (10,000 selected rows, or "select all" across a filter, cost a
-handful of queries, never a ``save()`` per row). Detail-page buttons and bulk actions share one code
-path per operation (C32: a replay button that silently did nothing while the list action worked).
-Every write is a POST through the admin's CSRF protection; replay needs the ``replay_job``
-permission, cancel, retry-now and a workflow's "Cancel the rest" need ``change_job``,
-pause/resume needs ``change_queuestate``.
+``job_request_cancel``, ``job_retry_now``, ``job_run_now``, ``job_release_expired``,
+``job_delete_finished``, ``queue_pause``/``queue_resume``): one statement per action however many
+rows are selected (10,000 selected rows, or "select all" across a filter, cost a handful of
+queries, never a ``save()`` per row). Replay, Cancel and Delete over a selection are confirmed first
+(:mod:`.bulk`: exact counts per skip reason and a sample), report exactly what was done and skipped,
+and write one summary admin log entry; a page's button writes one entry on its job. Detail-page
+buttons and bulk actions share one code path per operation (C32: a replay button that silently did
+nothing while the list action worked). Every write is a POST through the admin's CSRF protection;
+replay needs the ``replay_job`` permission, cancel, retry-now, run-now, release and a workflow's
+"Cancel the rest" need ``change_job``, the bulk delete ``delete_job``, pause/resume needs
+``change_queuestate``.
 
 Large tables (C24): the job list never loads ``args``, ``kwargs``, ``errors``, ``history`` or
 ``result`` (deferred; the last error is a short annotation), never counts the whole table (an
@@ -53,8 +60,20 @@ estimated count beyond :data:`EXACT_COUNT_LIMIT` rows), and offers filter choice
 
 from __future__ import annotations
 
-from .actions import BULK_CHUNK, ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
-from .common import APP, JSON_DISPLAY_LIMIT, duration
+from .actions import (
+    BULK_CHUNK,
+    ReplayForm,
+    cancel_jobs,
+    delete_jobs,
+    log_job_action,
+    release_jobs,
+    replay_jobs,
+    retry_now_jobs,
+    run_now_jobs,
+)
+from .bulk import ACTIONS as BULK_ACTIONS
+from .bulk import BulkAction
+from .common import APP, JSON_DISPLAY_LIMIT, duration, error_name
 from .dashboard import DashboardAdmin
 from .deadletters import DeadLetterAdmin
 from .jobs import STATUS_COLOURS, JobAdmin
@@ -89,4 +108,5 @@ __all__ = [
     "HaltedSequenceAdmin", "skip_sequences",
     "STEPS_SHOWN", "WORKFLOW_STATES", "WorkflowAdmin", "WorkflowFilter", "WorkflowStateFilter", "jobs_of_workflow_url",
     "workflow_state", "JOBS_SHOWN", "WorkerProcessAdmin", "workers_page",
+    "BULK_ACTIONS", "BulkAction", "delete_jobs", "error_name", "log_job_action", "release_jobs", "run_now_jobs",
 ]

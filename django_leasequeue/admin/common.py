@@ -128,3 +128,19 @@ def duration(seconds: float | None) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     d, h = divmod(h, 24)
     return f"{d} d {h} h" if h else f"{d} d"
+
+
+def error_name(type_string: str | None) -> str:
+    """An error's type as the console shows it: the last dotted component of the stored type.
+
+    ``"builtins.ValueError"`` and ``"ValueError"`` read ``"ValueError"``;
+    ``"asyncio.exceptions.CancelledError"`` reads ``"CancelledError"``: the module path of a class
+    is where it is defined, not what the operator searches for.
+
+    Args:
+        type_string: the stored ``type`` of an error entry (``errors[n]["type"]``), or None.
+
+    Returns:
+        The class name; ``""`` for None or an empty string.
+    """
+    return (type_string or "").rsplit(".", 1)[-1]

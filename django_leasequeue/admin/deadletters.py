@@ -11,12 +11,14 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
-from django.utils.timesince import timesince
+from django.utils.http import urlencode
 
 from ..models import DeadLetter, Dependency, Job, JobStatus
-from .common import APP
+from .common import APP, duration, error_name
 from .jobs import JobAdmin
-from .listing import JobChangeList, QueueFilter, TaskFilter
+from .listing import DeadQueueFilter, DeadTaskFilter, JobChangeList
+from .search import IncidentSearchFilter
+from .states import show_time
 
 
 class DeadLetterChangeList(JobChangeList):
@@ -40,12 +42,15 @@ class DeadLetterChangeList(JobChangeList):
 class DeadLetterAdmin(JobAdmin):
     """Dead letters: only ``dead`` jobs, newest death first, grouped counts on top, Replay per row."""
 
-    list_display = ("id", "task", "queue", "attempts_display", "died", "replay_button", "dependents_waiting",
-                    "last_error_short")
-    list_filter = (QueueFilter, TaskFilter)
-    sortable_by = ("id", "task", "queue", "died")
+    # No attempts column: a dead job has used its attempts (its page says how many); the width goes
+    # to the last error, the column this page is read for.
+    # "N jobs wait on this job" shares the Replay button's cell (the fix is to replay it).
+    list_display = ("id", "task_display", "queue", "died", "replay_button", "last_error_short")
+    list_filter = (DeadQueueFilter, DeadTaskFilter, IncidentSearchFilter)
+    list_display_links = ("id", "task_display")
+    sortable_by = ("id", "task_display", "queue", "died")
     ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
-    actions = ["replay_selected"]
+    actions = ["replay_selected", "delete_finished_selected"]
     change_list_template = "admin/django_leasequeue/deadletter/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
@@ -63,6 +68,10 @@ class DeadLetterAdmin(JobAdmin):
         return super().has_delete_permission(request, obj) or (
             obj is not None and obj.status == "dead" and request.user.has_perm(f"{APP}.delete_deadletter"))
 
+    def has_delete_finished_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_delete_finished_permission(request, obj) or request.user.has_perm(
+            f"{APP}.delete_deadletter")
+
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
 
@@ -72,19 +81,23 @@ class DeadLetterAdmin(JobAdmin):
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_replay_permission(request):
             return self.list_display
-        return tuple(c for c in self.list_display if c != "replay_button")
+        return tuple("dependents_waiting" if c == "replay_button" else c for c in self.list_display)
 
     @admin.display(description="died", ordering="finished_at")
     def died(self, obj: Job) -> str:
-        return format_html('<span title="{}">{} ago</span>', obj.finished_at, timesince(obj.finished_at)) \
-            if obj.finished_at else "—"
+        if not obj.finished_at:
+            return "—"
+        # The largest unit only ("3 min ago"): the exact time, to the second, is the title.
+        largest = " ".join(duration((self._now(obj) - obj.finished_at).total_seconds()).split(" ")[:2])
+        return format_html('<span title="{}">{} ago</span>', show_time(obj.finished_at), largest)
 
     @admin.display(description="")
     def replay_button(self, obj: Job) -> str:
         # The changelist is one <form> with the CSRF token; this button posts it to the replay URL.
         url = reverse(f"admin:{APP}_job_replay", args=[obj.pk])
         return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
-                           'name="_from" value="list" data-job="{}">Replay</button>', url, obj.pk)
+                           'name="_from" value="list" data-job="{}">Replay</button>{}', url, obj.pk,
+                           self.dependents_waiting(obj))
 
     @admin.display(description="holds")
     def dependents_waiting(self, obj: Job) -> str:
@@ -105,7 +118,14 @@ class DeadLetterAdmin(JobAdmin):
                 .annotate(n=Count("pk")).order_by("-n", "task")[:25]
             )
             for g in groups:
-                g["error_type"] = (g["last_error_type"] or "").removeprefix("builtins.")
+                g["error_type"] = error_name(g["last_error_type"])
+                # The search that selects exactly this group: its task and its stored error type
+                # (the full name, so an equally named class of another module stays out); "-"
+                # selects the dead jobs without an error.
+                g["query"] = urlencode({"task": g["task"], "error_type": g["last_error_type"] or "-"})
             context["lq_groups"] = groups
+            context["lq_bulk_url"] = reverse(f"admin:{APP}_deadletter_bulk", args=["x"]).removesuffix("x/")
+            context["lq_can_replay"] = self.has_replay_permission(request)
+            context["lq_can_delete"] = self.has_delete_finished_permission(request)
             context["lq_group_total"] = sum(g["n"] for g in groups)
         return response

@@ -15,14 +15,15 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.utils.timesince import timesince
+from django.utils.safestring import mark_safe
 
+from .. import store
 from ..models import Dependency, Job
-from .actions import ReplayForm, cancel_jobs, replay_jobs, retry_now_jobs
-from .common import APP, _JobAdminBase, _ListFilter, _parse_time, _pre, _pretty, search_id
+from . import bulk
+from .actions import ReplayForm, cancel_jobs, release_jobs, replay_jobs, retry_now_jobs, run_now_jobs
+from .common import APP, _JobAdminBase, _parse_time, _pre, _pretty, duration, error_name, search_id
 from .listing import (
     EstimatedCountPaginator,
     HasErrorsFilter,
@@ -31,11 +32,17 @@ from .listing import (
     TaskFilter,
     WorkflowFilter,
 )
+from .search import IncidentSearchFilter, StateFilter
+from .states import job_state, show_time
 
 STATUS_COLOURS = {
     "ready": "#1f6feb", "waiting": "#8250df", "leased": "#9a6700", "done": "#1a7f37", "dead": "#cf222e",
     "cancelled": "#6e7781",
 }
+
+#: How the page and the list lay out a row's lease: the holder only while the job is leased (a
+#: released, reaped or snoozed job keeps the column's last value, which is no longer true).
+LEASE_FIELDS = ("lease_display", "lease_seconds")
 
 #: Dependencies and dependents listed on a job's page; beyond that they are counted (a chord's
 #: fan-in step may depend on thousands of members).
@@ -51,18 +58,20 @@ def _ids(queryset: QuerySet[Job]) -> list[int]:
 class JobAdmin(_JobAdminBase):
     """Jobs: a read-only view of the queue's rows plus replay, cancel and retry-now."""
 
-    list_display: tuple[str, ...] = ("id", "status_badge", "task", "queue", "attempts_display", "run_at", "age",
+    # Attempts share the status cell and the age the run-at cell's title, so that at 1280 px,
+    # beside the admin's two sidebars, the last error keeps a readable width (bug 1).
+    list_display: tuple[str, ...] = ("id", "status_badge", "task_display", "queue", "run_at_display",
                                      "last_error_short")
-    list_display_links = ("id", "task")
-    list_filter: ClassVar[tuple[_ListFilter, ...]] = ("status", QueueFilter, TaskFilter, HasErrorsFilter,
-                                                      WorkflowFilter)
+    list_display_links = ("id", "task_display")
+    list_filter: ClassVar[tuple[Any, ...]] = (StateFilter, QueueFilter, TaskFilter, HasErrorsFilter,
+                                              WorkflowFilter, IncidentSearchFilter)
     search_fields = ("=id", "task", "=unique_key")
     search_help_text = "Job id (123 or #123), part of a task name, or an exact unique key."
     list_per_page = 100
     show_full_result_count = False  # no second COUNT(*) of the whole table per page load
     paginator = EstimatedCountPaginator
-    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task", "queue", "run_at", "age")
-    actions = ["replay_selected", "cancel_selected", "retry_now_selected"]
+    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task_display", "queue", "run_at_display")
+    actions = ["replay_selected", "cancel_selected", "delete_finished_selected", "retry_now_selected"]
     change_form_template = "admin/django_leasequeue/job/change_form.html"
     fieldsets = (
         (None, {"fields": (("id", "status_badge"), ("task", "queue", "priority"), ("unique_key", "unique_scope"),
@@ -73,10 +82,12 @@ class JobAdmin(_JobAdminBase):
         ("Errors", {"fields": ("errors_display",)}),
         ("History", {"fields": ("history_display",)}),
         ("Attempts and lease", {"fields": (("attempts", "max_attempts", "lease_version"),
-                                           ("leased_until", "leased_by", "lease_seconds"),
+                                           LEASE_FIELDS,
                                            ("cancel_requested", "snoozes"))}),
-        ("Times (database clock)", {"fields": (("run_at", "created_at"),
-                                               ("started_at", "attempted_at", "finished_at"))}),
+        ("Times (database clock, admin time zone)", {"fields": (("run_at_display", "created_display"),
+                                                                ("started_display", "attempted_display",
+                                                                 "finished_display"),
+                                                                ("wait_display", "run_time_display"))}),
         ("Result", {"classes": ("collapse",), "fields": ("result_pretty",)}),
     )
     #: Shown after the first fieldset for a job in a workflow or with dependencies or dependents.
@@ -109,8 +120,12 @@ class JobAdmin(_JobAdminBase):
         return request.user.has_perm(f"{APP}.replay_job")
 
     def has_operate_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        """Cancel and retry-now need ``change_job``."""
+        """Cancel, retry-now, run-now and release need ``change_job``."""
         return request.user.has_perm(f"{APP}.change_job")
+
+    def has_delete_finished_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        """The bulk "Delete finished jobs" needs ``delete_job``."""
+        return request.user.has_perm(f"{APP}.delete_job")
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         fieldsets = list(self.fieldsets or ())
@@ -153,23 +168,40 @@ class JobAdmin(_JobAdminBase):
 
     # -- list columns ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _now(obj: Job) -> Any:
+        """The database clock the row is judged by: the list's (read once per page) or the page's."""
+        now = getattr(obj, "lq_now", None)
+        if now is None:
+            now = obj.lq_now = store.db_now()  # type: ignore[attr-defined]
+        return now
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> str:
-        label = obj.status
-        if obj.status == "ready" and obj.run_at and obj.run_at > timezone.now():
-            label = "scheduled" if not obj.attempts else "retry wait"
-        if obj.cancel_requested and obj.status == "leased":
-            label = "leased, cancel requested"
-        return format_html('<span class="lq-status lq-{}" style="color:{}">{}</span>', obj.status,
-                           STATUS_COLOURS.get(obj.status, "inherit"), label)
+        state = job_state(obj, self._now(obj))
+        return format_html('<span class="lq-status lq-{} {}" title="{}" style="color:{}">{}</span>'
+                           '<span class="lq-meta lq-attempts" title="attempts"> {}/{}</span>', obj.status,
+                           state.css, state.detail, STATUS_COLOURS.get(obj.status, "inherit"), state.label,
+                           obj.attempts, obj.max_attempts)
+
+    @admin.display(description="task", ordering="task")
+    def task_display(self, obj: Job) -> str:
+        # A dotted name may break after its dots only, never inside a word.
+        parts = obj.task.split(".")
+        return format_html_join(mark_safe("<wbr>"), "{}", ((p + ("." if i < len(parts) - 1 else ""),)
+                                                for i, p in enumerate(parts)))
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
 
+    @admin.display(description="run at", ordering="run_at")
+    def run_at_display(self, obj: Job) -> str:
+        return format_html('<span title="created {} ago">{}</span>', self.age(obj), show_time(obj.run_at))
+
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: Job) -> str:
-        return timesince(obj.created_at) if obj.created_at else "—"
+        return duration((self._now(obj) - obj.created_at).total_seconds()) if obj.created_at else "—"
 
     @admin.display(description="last error")
     def last_error_short(self, obj: Job) -> str:
@@ -177,9 +209,57 @@ class JobAdmin(_JobAdminBase):
         if kind is None:
             return ""
         message = getattr(obj, "last_error_message", "") or ""
-        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message,
-                           kind.removeprefix("builtins."),
-                           message[:80] + ("…" if len(message) > 80 else ""))
+        return format_html('<span class="lq-error" title="{}"><b>{}</b> {}</span>', message, error_name(kind),
+                           message[:120] + ("…" if len(message) > 120 else ""))
+
+    # -- times and lease, to the second in the admin's time zone ----------------------------------
+
+    @admin.display(description="created")
+    def created_display(self, obj: Job) -> str:
+        return show_time(obj.created_at)
+
+    @admin.display(description="first claim")
+    def started_display(self, obj: Job) -> str:
+        return show_time(obj.started_at)
+
+    @admin.display(description="latest claim")
+    def attempted_display(self, obj: Job) -> str:
+        return show_time(obj.attempted_at)
+
+    @admin.display(description="finished")
+    def finished_display(self, obj: Job) -> str:
+        return show_time(obj.finished_at)
+
+    @admin.display(description="wait time")
+    def wait_display(self, obj: Job) -> str:
+        """Due to the start of the latest attempt (or, not started, how long it has been due)."""
+        now = self._now(obj)
+        if obj.attempted_at is not None and obj.run_at is not None:
+            due = min(obj.run_at, obj.attempted_at)
+            return f"{duration((obj.attempted_at - due).total_seconds())} (due to start of the latest attempt)"
+        if obj.status == "ready" and obj.run_at and obj.run_at <= now:
+            return f"waiting for {duration((now - obj.run_at).total_seconds())}"
+        return "—"
+
+    @admin.display(description="run time")
+    def run_time_display(self, obj: Job) -> str:
+        """The latest attempt's start to its finish, or "running for N s"."""
+        if obj.attempted_at is None:
+            return "—"
+        if obj.status == "leased":
+            return f"running for {duration((self._now(obj) - obj.attempted_at).total_seconds())}"
+        end = obj.finished_at or _parse_time((obj.errors[-1] or {}).get("at") if obj.errors else None)
+        if end is None or end < obj.attempted_at:
+            return "—"
+        return duration((end - obj.attempted_at).total_seconds())
+
+    @admin.display(description="lease")
+    def lease_display(self, obj: Job) -> str:
+        if obj.status != "leased":
+            return "not leased"
+        state = job_state(obj, self._now(obj))
+        return format_html('<span class="{}">{}</span> · until {}', state.css, state.detail,
+                           show_time(obj.leased_until))
 
     # -- change page fields --------------------------------------------------------------------
 
@@ -252,7 +332,7 @@ class JobAdmin(_JobAdminBase):
         for index, error in enumerate(obj.errors):
             at = _parse_time(error.get("at"))
             run = sum(1 for r in replays if r and at and r <= at)
-            kind = str(error.get("type") or "Error").removeprefix("builtins.")
+            kind = error_name(str(error.get("type") or "Error"))
             entries.append({"n": index + 1, "error": error, "type": kind, "at": at, "run": run})
         return render_to_string("admin/django_leasequeue/job/_errors.html",
                                 {"entries": list(reversed(entries)), "replayed": bool(replays)})
@@ -277,9 +357,13 @@ class JobAdmin(_JobAdminBase):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
+            # First: "bulk/replay/" would otherwise read as the replay URL of an object "bulk".
+            path("bulk/<str:action>/", wrap(self.bulk_view), name=f"{prefix}_bulk"),
             path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{prefix}_replay"),
             path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{prefix}_cancel"),
             path("<path:object_id>/retry-now/", wrap(self.retry_now_view), name=f"{prefix}_retry_now"),
+            path("<path:object_id>/run-now/", wrap(self.run_now_view), name=f"{prefix}_run_now"),
+            path("<path:object_id>/release/", wrap(self.release_view), name=f"{prefix}_release"),
             *super().get_urls(),
         ]
 
@@ -297,22 +381,30 @@ class JobAdmin(_JobAdminBase):
         obj = self.get_object(request, object_id)
         extra: dict[str, Any] = {
             "title": f"Job #{object_id}",
+            "subtitle": None,  # the title names the job; the row's repr under it said it twice
             "show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
             "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
         }
         if obj is not None:
-            now = timezone.now()
+            now = self._now(obj)  # the database clock: the page's one reading of it
+            state = job_state(obj, now)
+            operate = self.has_operate_permission(request)
             extra.update({
                 "lq_job": obj,
+                "lq_state": state,
+                "lq_times": {"run_at": show_time(obj.run_at), "leased_until": show_time(obj.leased_until)},
                 "lq_can_replay": obj.status in ("dead", "cancelled") and self.has_replay_permission(request),
                 "lq_can_cancel": (obj.status in ("ready", "waiting")
-                                  or (obj.status == "leased" and not obj.cancel_requested))
-                and self.has_operate_permission(request),
-                "lq_can_retry_now": obj.status == "ready" and obj.attempts > 0 and obj.run_at > now
-                and self.has_operate_permission(request),
+                                  or (obj.status == "leased" and not obj.cancel_requested)) and operate,
+                # Retry now: a retry waiting out its backoff; Run now: a snoozed or scheduled job.
+                "lq_can_retry_now": state.label == "retry wait" and operate,
+                "lq_can_run_now": state.label in ("snoozed", "scheduled") and operate,
+                "lq_can_release": state.label == "lease expired" and operate,
                 "lq_replay_url": reverse(f"admin:{APP}_job_replay", args=[obj.pk]),
                 "lq_cancel_url": reverse(f"admin:{APP}_job_cancel", args=[obj.pk]),
                 "lq_retry_now_url": reverse(f"admin:{APP}_job_retry_now", args=[obj.pk]),
+                "lq_run_now_url": reverse(f"admin:{APP}_job_run_now", args=[obj.pk]),
+                "lq_release_url": reverse(f"admin:{APP}_job_release", args=[obj.pk]),
             })
         extra.update(extra_context or {})
         return super().change_view(request, object_id, form_url, extra)
@@ -335,6 +427,11 @@ class JobAdmin(_JobAdminBase):
             raise Http404("no such job")
 
     def _back(self, request: HttpRequest, job: Job) -> HttpResponse:
+        # A page elsewhere in this admin (the workers page) names where to go back to.
+        target = request.POST.get("next") or request.GET.get("next")
+        if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                      require_https=request.is_secure()):
+            return HttpResponseRedirect(target)
         if request.POST.get("_from") == "list":
             # Back to the list the button was on (with its filters), if that is this site's page.
             referer = request.META.get("HTTP_REFERER", "")
@@ -383,6 +480,31 @@ class JobAdmin(_JobAdminBase):
         """POST: make a ready job waiting on its retry backoff due now. Needs ``change_job``."""
         return self._operate(request, object_id, retry_now_jobs)
 
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: make a snoozed, scheduled or retry-waiting ready job due now. Needs ``change_job``.
+        With ``lease_version`` posted (the page sends the token it showed), only if the job's
+        fencing token is still that one."""
+        return self._operate(request, object_id, lambda r, ids: run_now_jobs(r, ids, self._token(r, ids)))
+
+    def release_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: release a leased job whose lease has expired, as the reaper would (the operator
+        knows its worker is gone). Needs ``change_job``. With ``lease_version`` posted, only if
+        the lease is still that one. Goes back to ``next`` (a page of this site) when posted,
+        else to the list (``_from=list``) or the job's page. URL name
+        ``admin:django_leasequeue_job_release``."""
+        return self._operate(request, object_id, lambda r, ids: release_jobs(r, ids, self._token(r, ids)))
+
+    @staticmethod
+    def _token(request: HttpRequest, ids: list[int]) -> dict[int, int] | None:
+        """The fencing token the operator saw (POST ``lease_version``), for the one job of a button."""
+        raw = request.POST.get("lease_version", "")
+        return {ids[0]: int(raw)} if raw.isdigit() and len(ids) == 1 else None
+
+    def bulk_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        """GET: the confirmation page of a bulk action (``replay``, ``cancel``, ``delete``) on every
+        job of the list filtered by the query string (an error group's link); see :mod:`.bulk`."""
+        return bulk.bulk_view(self, request, action)
+
     def _operate(self, request: HttpRequest, object_id: str,
                  operation: Callable[[HttpRequest, list[int]], Any]) -> HttpResponse:
         """One job's button (POST only, operate permission): run ``operation`` on it, then go back."""
@@ -402,13 +524,17 @@ class JobAdmin(_JobAdminBase):
 
     # -- bulk actions ----------------------------------------------------------------------------
 
-    @admin.action(description="Replay selected dead or cancelled jobs", permissions=["replay"])
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        replay_jobs(request, _ids(queryset))
+    @admin.action(description="Replay selected dead or cancelled jobs…", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return bulk.confirm_or_run(self, request, queryset, bulk.ACTIONS["replay"])
 
-    @admin.action(description="Cancel selected jobs (ready: now; running: ask to stop)", permissions=["operate"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        cancel_jobs(request, _ids(queryset))
+    @admin.action(description="Cancel selected jobs (ready: now; running: ask to stop)…", permissions=["operate"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return bulk.confirm_or_run(self, request, queryset, bulk.ACTIONS["cancel"])
+
+    @admin.action(description="Delete selected finished jobs…", permissions=["delete_finished"])
+    def delete_finished_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return bulk.confirm_or_run(self, request, queryset, bulk.ACTIONS["delete"])
 
     @admin.action(description="Retry now (ready jobs waiting on a retry backoff)", permissions=["operate"])
     def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -15,7 +15,7 @@ from django.db.models.functions import Left
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
-from .. import registry
+from .. import registry, store
 from ..conf import get_settings
 from ..models import QueueState
 from .common import _PaginatorBase
@@ -77,8 +77,17 @@ class JobChangeList(ChangeList):
         result: QuerySet[Any] = qs.defer(*HEAVY_FIELDS).annotate(
             last_error_type=KT("errors__-1__type"),
             last_error_message=Left(KT("errors__-1__message"), 200),
+            last_error_at=KT("errors__-1__at"),
         )
         return result
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # The states on the page ("retry wait", "snoozed", "lease expired") are judged by the
+        # database clock, read once for the page.
+        self.lq_now = store.db_now()
+        for job in self.result_list:
+            job.lq_now = self.lq_now
 
 
 def known_queues() -> list[str]:
@@ -91,6 +100,13 @@ def known_queues() -> list[str]:
     registry.autodiscover()
     names.update(t.queue for t in registry.registered_tasks().values() if t.queue)
     return sorted(names)
+
+
+def queues_with_jobs() -> list[str]:
+    """The job list's queue choices: :func:`known_queues` plus every queue that holds a ready or
+    waiting job, found by a skip scan of the claim and waiting indexes (one index probe per queue,
+    never a ``SELECT DISTINCT`` over the job table; :func:`~django_leasequeue.store.queue_names_holding`)."""
+    return store.queue_names_holding(known_queues())
 
 
 class _NameFilter(admin.SimpleListFilter):
@@ -119,14 +135,19 @@ class _NameFilter(admin.SimpleListFilter):
 
 
 class QueueFilter(_NameFilter):
-    """Filter by queue; the choices come from settings, queue rows and tasks, not from the job table
-    (a ``SELECT DISTINCT queue`` would read every row of a large table on each page load)."""
+    """Filter by queue; the choices come from settings, queue rows, tasks and a skip scan of the
+    claim index (:func:`queues_with_jobs`), not from a ``SELECT DISTINCT queue`` of the job table,
+    which would read every row of a large table on each page load."""
 
     title = "queue"
     parameter_name = field = "queue"
 
     def names(self) -> list[str]:
-        return known_queues()
+        if getattr(self, "dead_only", False):
+            return store.dead_queue_names()
+        return queues_with_jobs()
+
+    dead_only = False
 
 
 class TaskFilter(_NameFilter):
@@ -136,13 +157,33 @@ class TaskFilter(_NameFilter):
     title = "task"
     parameter_name = field = "task"
 
+    dead_only = False
+
     def names(self) -> list[str]:
+        if self.dead_only:
+            return store.dead_task_names()
         registry.autodiscover()
         return sorted(registry.registered_tasks())
 
     def label(self, name: str, names: list[str]) -> str:
         short = name.rsplit(".", 1)[-1]
         return short if [n.rsplit(".", 1)[-1] for n in names].count(short) == 1 else name
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        # Sorted by the label shown (a short name sorts where the operator looks for it).
+        return sorted(super().lookups(request, model_admin), key=lambda choice: (choice[1].lower(), choice[0]))
+
+
+class DeadQueueFilter(QueueFilter):
+    """The queue filter of Dead letters: the queues that hold dead jobs (read from the dead rows only)."""
+
+    dead_only = True
+
+
+class DeadTaskFilter(TaskFilter):
+    """The task filter of Dead letters: the tasks that have dead jobs, sorted by the label shown."""
+
+    dead_only = True
 
 
 class WorkflowFilter(admin.SimpleListFilter):

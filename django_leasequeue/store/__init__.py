@@ -338,3 +338,43 @@ __all__ += [
 __all__ += ["CLOCK_WAKING"]
 __all__ += ["WORKFLOW_SET_CALLBACKS"]
 __all__ += ["WORKFLOW_STATS"]
+
+# The operator's set-based writes of the console: run now, release expired leases,
+# delete finished jobs, and the reasons each gives for the ids it leaves alone.
+from .operator import (  # noqa: E402
+    CANCEL_SKIP_REASON,
+    CHANGED_MEANWHILE,
+    DELETE_SKIP_REASON,
+    JOB_DELETE_FINISHED,
+    JOB_RELEASE_EXPIRED,
+    JOB_RUN_NOW,
+    NO_SUCH_JOB,
+    RELEASE_SKIP_REASON,
+    REPLAY_SKIP_REASON,
+    RUN_NOW_SKIP_REASON,
+    BulkOutcome,
+    job_delete_finished,
+    job_release_expired,
+    job_run_now,
+)
+
+__all__ += ["CANCEL_SKIP_REASON", "CHANGED_MEANWHILE", "DELETE_SKIP_REASON", "JOB_DELETE_FINISHED",
+            "JOB_RELEASE_EXPIRED", "JOB_RUN_NOW", "NO_SUCH_JOB", "RELEASE_SKIP_REASON", "REPLAY_SKIP_REASON",
+            "RUN_NOW_SKIP_REASON",
+            "BulkOutcome", "job_delete_finished", "job_release_expired", "job_run_now"]
+
+# The console's read-only statements: bulk previews and the queue and task names of the filters.
+from .search import (  # noqa: E402
+    QUEUE_NAMES_DEAD,
+    QUEUE_NAMES_HOLDING,
+    TASK_NAMES_DEAD,
+    Preview,
+    SampleRow,
+    bulk_preview,
+    dead_queue_names,
+    dead_task_names,
+    queue_names_holding,
+)
+
+__all__ += ["QUEUE_NAMES_DEAD", "QUEUE_NAMES_HOLDING", "TASK_NAMES_DEAD", "Preview", "SampleRow", "bulk_preview",
+            "dead_queue_names", "dead_task_names", "queue_names_holding"]

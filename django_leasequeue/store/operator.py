@@ -8,15 +8,22 @@ to the job's ``history`` with who did it and when (database time).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _run, db_alias
+from .maintenance import _STILL_READ, JOB_PRUNE_WORKFLOWS
 from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
+
+#: The reason given for an id that names no job (deleted meanwhile, or never existed).
+NO_SUCH_JOB = "no such job"
+#: The reason given for an id whose row changed between the operator's selection and the write.
+CHANGED_MEANWHILE = "changed by someone else meanwhile"
 
 # Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job, or a
 # workflow step still waiting for its dependencies, is cancelled at once; a leased job gets
@@ -26,6 +33,13 @@ from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 # so on a leased row it is a HOT update. Rows are locked in id order (the ORDER BY sits below FOR
 # UPDATE) so two bulk cancels cannot deadlock each other; a row held by a claim or a
 # fenced_atomic() commit is waited for and re-checked after it commits.
+#: Why a job is not cancelled, as a SQL expression over ``j`` (the job row, NULL when the id names
+#: no job): the cancel reports it after the fact and the admin's confirmation page before.
+CANCEL_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
+                      "WHEN j.status IN ('done', 'dead', 'cancelled') THEN 'already ' || j.status "
+                      "WHEN j.status = 'leased' AND j.cancel_requested THEN 'already asked to stop' "
+                      "ELSE NULL END")
+
 JOB_REQUEST_CANCEL = f"""
 WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
 target AS MATERIALIZED (
@@ -45,9 +59,16 @@ changed AS (
             'by', %(by)s::text, 'at', clock.now, 'from_status', j.status))
     FROM target, clock
     WHERE j.id = target.id AND (j.status IN ('ready', 'waiting') OR (j.status = 'leased' AND NOT j.cancel_requested))
-    RETURNING j.status
+    RETURNING j.id, j.status
 )
-SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased') FROM changed
+-- The ids left alone, counted by why (read from the statement's snapshot, as they were before it).
+SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased'),
+       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
+            SELECT coalesce({CANCEL_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
+            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+            WHERE r.id NOT IN (SELECT id FROM changed)
+            GROUP BY 1) AS s)
+FROM changed
 """
 
 
@@ -60,11 +81,14 @@ class CancelCounts:
         requested (int): leased jobs asked to stop (they end ``cancelled`` when their worker next
             writes: check_cancel(), completion, failure, snooze, release or reap).
         unchanged (int): ids already finished, already asked to stop, or unknown.
+        skipped (dict[str, int]): the unchanged ids counted by reason (``"already done"``,
+            ``"already asked to stop"``, ``"no such job"``); the counts add up to ``unchanged``.
     """
 
     cancelled: int
     requested: int
     unchanged: int
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None = None,
@@ -86,8 +110,10 @@ def job_request_cancel(ids: Iterable[int], *, by: str = "", now: datetime | None
 
     settings = get_settings()
     params = {"now": now, "ids": ids, "by": by, "wake": settings.notify_channel if settings.notify else None}
-    cancelled, requested = _run(JOB_REQUEST_CANCEL, params, alias=alias).rows[0]
-    return CancelCounts(cancelled, requested, len(ids) - cancelled - requested)
+    cancelled, requested, skipped = _run(JOB_REQUEST_CANCEL, params, alias=alias).rows[0]
+    skipped = json.loads(skipped) if isinstance(skipped, str) else skipped
+    return CancelCounts(cancelled, requested, len(ids) - cancelled - requested,
+                        {str(k): int(v) for k, v in skipped.items()})
 
 
 
@@ -116,6 +142,18 @@ _CANCELLED_WHILE_WAITING = (
     "(c.history -> -1 ->> 'from_status' = 'waiting'"
     " OR (c.history -> -1 ->> 'from_status' IS NULL"
     " AND (c.history -> -1 ->> 'by' LIKE 'dependency #%%' OR c.history -> -1 ->> 'by' LIKE 'workflow #%%')))")
+
+#: Why :func:`job_replay` would leave a job alone, as a SQL expression over ``j`` for the admin's
+#: confirmation page (NULL: it would be replayed). The replay itself reports each refused id with
+#: its holder's id; the admin counts those under the same reasons.
+REPLAY_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
+                      "WHEN j.status NOT IN ('dead', 'cancelled') "
+                      "THEN 'job is ' || j.status || '; only dead or cancelled jobs are replayed' "
+                      "WHEN j.unique_key IS NOT NULL AND j.unique_scope = 'active' AND EXISTS ("
+                      f"SELECT 1 FROM {JOB_TABLE} o WHERE o.unique_key = j.unique_key AND o.unique_scope = 'active' "
+                      "AND o.status IN ('ready', 'waiting', 'leased') AND o.id <> j.id) "
+                      "THEN 'its unique key is held by another ready or leased job' "
+                      "ELSE NULL END")
 
 JOB_REPLAY = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
@@ -311,7 +349,7 @@ def job_replay(ids: Iterable[int], *, by: str = "", args: list[Any] | None = Non
         if done:
             replayed.append(job_id)
         elif status is None:
-            refused[job_id] = "no such job"
+            refused[job_id] = NO_SUCH_JOB
         elif status not in ("dead", "cancelled"):
             refused[job_id] = f"job is {status}; only dead or cancelled jobs are replayed"
         elif holder is not None:
@@ -374,3 +412,247 @@ def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = No
                                 "channel": settings.notify_channel}, alias=alias).one()[0]
     return moved
 
+
+
+# Make ready jobs that are not yet due run now: a retry waiting out its backoff, a snoozed job, a
+# job enqueued for later or a schedule's occurrence emitted early (the job page's "Run now").
+# Conditional like every operator write: only rows still ready and not yet due change, and, when
+# the caller passes the fencing token it saw, only rows whose token is still that one (a row that
+# was claimed and snoozed again meanwhile is the operator's to look at again, not to move). Locks
+# in id order; a NOTIFY per queue wakes idle workers at commit.
+RUN_NOW_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
+                       "WHEN j.status <> 'ready' THEN 'job is ' || j.status "
+                       "WHEN j.run_at <= (SELECT now FROM clock) THEN 'already due' "
+                       "WHEN %(tokens)s::jsonb IS NOT NULL "
+                       "AND j.lease_version IS DISTINCT FROM (%(tokens)s::jsonb ->> j.id::text)::bigint "
+                       f"THEN '{CHANGED_MEANWHILE}' ELSE NULL END")
+
+JOB_RUN_NOW = f"""
+WITH clock AS MATERIALIZED ({CLOCK}),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND {RUN_NOW_SKIP_REASON} IS NULL
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {JOB_TABLE} j
+    SET run_at = clock.now,
+        history = j.history || jsonb_build_array(jsonb_build_object(
+            'event', 'run_now', 'by', %(by)s::text, 'at', clock.now, 'run_at_was', j.run_at))
+    FROM target, clock
+    WHERE j.id = target.id AND {RUN_NOW_SKIP_REASON} IS NULL
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM changed) AS q
+    WHERE %(notify)s
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
+       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
+            SELECT coalesce({RUN_NOW_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
+            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+            WHERE r.id NOT IN (SELECT id FROM changed)
+            GROUP BY 1) AS s),
+       (SELECT count(*) FROM woken)
+"""
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """Outcome of a set-based operator write (:func:`job_run_now`, :func:`job_release_expired`,
+    :func:`job_delete_finished`).
+
+    Attributes:
+        done (list[int]): the ids acted on, in id order.
+        skipped (dict[str, int]): the other ids counted by reason, e.g. ``{"job is leased": 3}``;
+            ``len(done) + sum(skipped.values())`` is the number of distinct ids asked for.
+    """
+
+    done: list[int]
+    skipped: dict[str, int]
+
+
+def _outcome(row: Any) -> BulkOutcome:
+    done, skipped = row[0], row[1]
+    skipped = json.loads(skipped) if isinstance(skipped, str) else skipped
+    return BulkOutcome([int(i) for i in done], {str(k): int(v) for k, v in skipped.items()})
+
+
+def _tokens(tokens: Mapping[int, int] | None) -> str | None:
+    return None if tokens is None else json.dumps({str(int(k)): int(v) for k, v in tokens.items()})
+
+
+def job_run_now(ids: Iterable[int], *, by: str = "", tokens: Mapping[int, int] | None = None,
+                now: datetime | None = None, alias: str | None = None) -> BulkOutcome:
+    """Make ready jobs that are not yet due (retry wait, snoozed, scheduled) due now, in one statement.
+
+    Args:
+        ids: job ids (duplicates are ignored).
+        by: who asked (recorded in each job's history with the previous ``run_at``).
+        tokens: optional ``{job id: lease_version}`` the operator saw; a row whose fencing token
+            moved since is skipped as changed meanwhile.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        :class:`BulkOutcome`: the ids made due, the rest counted by reason (``"job is leased"``,
+        ``"already due"``, ``"no such job"``, ``"changed by someone else meanwhile"``).
+    """
+    from ..conf import get_settings
+
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return BulkOutcome([], {})
+    settings = get_settings()
+    row = _run(JOB_RUN_NOW, {"now": now, "ids": ids, "by": by, "tokens": _tokens(tokens),
+                             "notify": settings.notify, "channel": settings.notify_channel}, alias=alias).one()
+    return _outcome(row)
+
+
+# Take back expired leases on an operator's word ("Release now" on a job or the workers page: the
+# operator knows the holder is gone and does not want to wait for the reaper, or the reaper is not
+# running). What the reaper's JOB_REAP does to one row, conditional on the row still being leased,
+# its lease expired by the database clock, and (when given) its fencing token the one the operator
+# saw: ready again and due now (dead when its attempts are spent, cancelled when a cancel was
+# requested), the token moved forward so the old holder can never write, a LeaseExpired error
+# naming the holder, and a history entry naming the operator. Unlike the reaper it does not wait
+# out an outage window: the operator vouches for the holder being gone.
+RELEASE_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
+                       "WHEN j.status <> 'leased' THEN 'job is ' || j.status "
+                       "WHEN j.leased_until IS NULL OR j.leased_until >= (SELECT now FROM clock) "
+                       "THEN 'lease not expired' "
+                       "WHEN %(tokens)s::jsonb IS NOT NULL "
+                       "AND j.lease_version IS DISTINCT FROM (%(tokens)s::jsonb ->> j.id::text)::bigint "
+                       f"THEN '{CHANGED_MEANWHILE}' ELSE NULL END")
+
+JOB_RELEASE_EXPIRED = f"""
+WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
+target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND {RELEASE_SKIP_REASON} IS NULL
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {JOB_TABLE} j
+    SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts OR j.lease_version >= {TOKEN_MAX - 2} THEN 'dead'
+                      ELSE 'ready' END,
+        run_at = clock.now,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
+                                OR j.lease_version >= {TOKEN_MAX - 2}
+                           THEN clock.now ELSE NULL END,
+        lease_version = least(j.lease_version + 1, {TOKEN_MAX}),
+        leased_until = NULL,
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempts, 'type', 'LeaseExpired',
+            'message', 'lease expired; released by ' || %(by)s::text || ', who knew the worker was gone',
+            'traceback', '', 'worker', j.leased_by, 'at', clock.now)),
+        history = j.history || jsonb_build_array(jsonb_build_object(
+            'event', 'released', 'by', %(by)s::text, 'at', clock.now, 'holder', j.leased_by,
+            'expired_at', j.leased_until, 'token', least(j.lease_version + 1, {TOKEN_MAX})))
+    FROM target, clock
+    WHERE j.id = target.id AND {RELEASE_SKIP_REASON} IS NULL
+    RETURNING j.id, j.queue, j.status
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM changed WHERE status = 'ready') AS q
+    WHERE %(notify)s
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
+       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
+            SELECT coalesce({RELEASE_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
+            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+            WHERE r.id NOT IN (SELECT id FROM changed)
+            GROUP BY 1) AS s),
+       (SELECT count(*) FROM woken)
+"""
+
+
+def job_release_expired(ids: Iterable[int], *, by: str = "", tokens: Mapping[int, int] | None = None,
+                        now: datetime | None = None, alias: str | None = None) -> BulkOutcome:
+    """Take back expired leases now, as the reaper would, in one statement (an operator's "Release now").
+
+    Args:
+        ids: job ids (duplicates are ignored).
+        by: who released (recorded in history and in the LeaseExpired error).
+        tokens: optional ``{job id: lease_version}`` the operator saw; a row claimed again since
+            (another token) is skipped as changed meanwhile.
+        now: aware datetime instead of the database clock (tests).
+
+    Returns:
+        :class:`BulkOutcome`: the ids released (ready and due now; dead when out of attempts;
+        cancelled when a cancel was requested), the rest by reason (``"job is done"``,
+        ``"lease not expired"``, ``"no such job"``, ``"changed by someone else meanwhile"``).
+    """
+    from ..conf import get_settings
+
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return BulkOutcome([], {})
+    settings = get_settings()
+    row = _run(JOB_RELEASE_EXPIRED, {
+        "now": now, "ids": ids, "by": by, "tokens": _tokens(tokens), "notify": settings.notify,
+        "channel": settings.notify_channel, "wake": settings.notify_channel if settings.notify else None,
+    }, alias=alias).one()
+    return _outcome(row)
+
+
+# Delete finished jobs an operator picked (a search result, an error group). Only done, dead and
+# cancelled rows go, and not those something still reads (the retention rule of JOB_PRUNE: a
+# member of an unfinished workflow, a dependency of a job that waits or was cancelled while
+# waiting). Their dependency edges go in the same statement; the finished workflows left without
+# a job are deleted by JOB_PRUNE_WORKFLOWS (a second statement, as for pruning).
+DELETE_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
+                      "WHEN j.status NOT IN ('done', 'dead', 'cancelled') "
+                      "THEN 'job is ' || j.status || '; only finished jobs are deleted' "
+                      f"WHEN NOT ({_STILL_READ}) THEN 'still read by its workflow or a dependent job' "
+                      "ELSE NULL END")
+
+JOB_DELETE_FINISHED = f"""
+WITH target AS MATERIALIZED (
+    SELECT j.id FROM {JOB_TABLE} j
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND {DELETE_SKIP_REASON} IS NULL
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+deleted AS (
+    DELETE FROM {JOB_TABLE} j
+    WHERE j.id IN (SELECT id FROM target) AND {DELETE_SKIP_REASON} IS NULL
+    RETURNING j.id, j.workflow_id
+),
+edges_in AS (
+    DELETE FROM {DEPENDENCY_TABLE} d WHERE d.job_id IN (SELECT id FROM deleted)
+),
+edges_out AS (
+    DELETE FROM {DEPENDENCY_TABLE} d WHERE d.depends_on_id IN (SELECT id FROM deleted)
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM deleted),
+       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
+            SELECT coalesce({DELETE_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
+            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+            WHERE r.id NOT IN (SELECT id FROM deleted)
+            GROUP BY 1) AS s),
+       (SELECT coalesce(array_agg(DISTINCT workflow_id) FILTER (WHERE workflow_id IS NOT NULL), '{{}}')
+        FROM deleted)
+"""
+
+
+def job_delete_finished(ids: Iterable[int], *, alias: str | None = None) -> BulkOutcome:
+    """Delete finished jobs (done, dead, cancelled) with their dependency edges, in one statement
+    (plus one for the finished workflows left without a job, when any job belonged to one).
+
+    Args:
+        ids: job ids (duplicates are ignored).
+
+    Returns:
+        :class:`BulkOutcome`: the ids deleted, the rest by reason (``"job is ready; only finished
+        jobs are deleted"``, ``"still read by its workflow or a dependent job"``, ``"no such job"``).
+    """
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return BulkOutcome([], {})
+    row = _run(JOB_DELETE_FINISHED, {"ids": ids}, alias=alias).one()
+    if row[2]:
+        _run(JOB_PRUNE_WORKFLOWS, {"ids": list(row[2])}, alias=alias)
+    return _outcome(row)

@@ -67,7 +67,8 @@ def test_the_list_shows_each_halted_sequence_with_its_dead_head_and_the_count_be
 
 def test_the_replay_action_un_halts_and_the_dead_head_runs_first(replayer_client, halted):
     head = halted["a"][0]
-    response = replayer_client.post(HALTED, {"action": "replay_selected", "_selected_action": [head.id]},
+    response = replayer_client.post(HALTED, {"action": "replay_selected", "_selected_action": [head.id],
+                                                     "lq_confirm": "yes"},
                                     follow=True)
     assert response.status_code == 200
     assert "Replayed job" in response.content.decode()

@@ -420,12 +420,16 @@ def job_retry_now(ids: Iterable[int], *, by: str = "", now: datetime | None = No
 # the caller passes the fencing token it saw, only rows whose token is still that one (a row that
 # was claimed and snoozed again meanwhile is the operator's to look at again, not to move). Locks
 # in id order; a NOTIFY per queue wakes idle workers at commit.
+# The skip reason of a row whose fencing token is no longer the one the caller saw (%(tokens)s maps
+# job ids to tokens, or is NULL when the caller passed none): a CASE branch shared by the writes below.
+_TOKEN_MOVED = ("WHEN %(tokens)s::jsonb IS NOT NULL "
+                "AND j.lease_version IS DISTINCT FROM (%(tokens)s::jsonb ->> j.id::text)::bigint "
+                f"THEN '{CHANGED_MEANWHILE}'")
+
 RUN_NOW_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
                        "WHEN j.status <> 'ready' THEN 'job is ' || j.status "
                        "WHEN j.run_at <= (SELECT now FROM clock) THEN 'already due' "
-                       "WHEN %(tokens)s::jsonb IS NOT NULL "
-                       "AND j.lease_version IS DISTINCT FROM (%(tokens)s::jsonb ->> j.id::text)::bigint "
-                       f"THEN '{CHANGED_MEANWHILE}' ELSE NULL END")
+                       f"{_TOKEN_MOVED} ELSE NULL END")
 
 JOB_RUN_NOW = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
@@ -521,9 +525,7 @@ RELEASE_SKIP_REASON = (f"CASE WHEN j.id IS NULL THEN '{NO_SUCH_JOB}' "
                        "WHEN j.status <> 'leased' THEN 'job is ' || j.status "
                        "WHEN j.leased_until IS NULL OR j.leased_until >= (SELECT now FROM clock) "
                        "THEN 'lease not expired' "
-                       "WHEN %(tokens)s::jsonb IS NOT NULL "
-                       "AND j.lease_version IS DISTINCT FROM (%(tokens)s::jsonb ->> j.id::text)::bigint "
-                       f"THEN '{CHANGED_MEANWHILE}' ELSE NULL END")
+                       f"{_TOKEN_MOVED} ELSE NULL END")
 
 JOB_RELEASE_EXPIRED = f"""
 WITH clock AS MATERIALIZED ({CLOCK_WAKING}),

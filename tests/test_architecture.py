@@ -22,9 +22,10 @@ JOB_STATE_FIELDS = {"status", "lease_version", "leased_until", "leased_by", "att
 
 
 # The store package owns every statement. Its read side, store/read.py, holds the queries of
-# monitoring, the admin dashboard and the metrics: it only reads, no locks and no writes (checked below).
+# monitoring, the admin dashboard and the metrics, and store/search.py the console's previews: they only
+# read, no locks and no writes (checked below).
 STORE = "store"
-READ_ONLY_QUERY_MODULES = {"store/read.py"}
+READ_ONLY_QUERY_MODULES = {"store/read.py", "store/search.py"}
 WRITE_SQL = re.compile(r"\b(FOR\s+UPDATE|FOR\s+SHARE|UPDATE\s+\{?\w+\}?\s+(\w+\s+)?SET|INSERT\s+INTO|DELETE\s+FROM)\b",
                        re.I)
 # SQL text in a module outside the store: statement keywords in capitals, as every statement here spells them.

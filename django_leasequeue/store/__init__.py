@@ -22,6 +22,9 @@ Where to look, and where a new statement goes:
 ``maintenance``     the reaper's sweep, pruning (finished jobs, rate-key logs), process rows,
                     dead-lettering unknown tasks
 ``operator``        the admin's bulk operations: request cancel, replay, retry now
+``intervene``       the console's interventions: run now, release an expired lease, delete
+                    finished jobs
+``search``          the console's read-only previews of bulk actions and its filters' names
 ``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
 ``read``            monitoring's read-only queries (health snapshot, lease report, one job)
 ``sequences``       the enqueue lock of a sequence key, skipping a dead job that halts its
@@ -188,11 +191,14 @@ from .read import (
     LEASE_REPORT,
     PROCESSES,
     QUEUE_STATS,
+    RUNNING_JOBS,
+    TIMED_OUT_NOW,
     WORKFLOW_STATS,
     job_get,
     lease_report_rows,
     read_cursor,
     snapshot_rows,
+    workers_page_rows,
 )
 from .schedule import (
     JOB_COALESCE,
@@ -338,24 +344,27 @@ __all__ += [
 __all__ += ["CLOCK_WAKING"]
 __all__ += ["WORKFLOW_SET_CALLBACKS"]
 __all__ += ["WORKFLOW_STATS"]
+__all__ += ["RUNNING_JOBS", "TIMED_OUT_NOW", "workers_page_rows"]
 
 # The operator's set-based writes of the console: run now, release expired leases,
 # delete finished jobs, and the reasons each gives for the ids it leaves alone.
-from .operator import (  # noqa: E402
-    CANCEL_SKIP_REASON,
-    CHANGED_MEANWHILE,
+from .intervene import (  # noqa: E402
     DELETE_SKIP_REASON,
     JOB_DELETE_FINISHED,
     JOB_RELEASE_EXPIRED,
     JOB_RUN_NOW,
-    NO_SUCH_JOB,
     RELEASE_SKIP_REASON,
-    REPLAY_SKIP_REASON,
     RUN_NOW_SKIP_REASON,
     BulkOutcome,
     job_delete_finished,
     job_release_expired,
     job_run_now,
+)
+from .operator import (  # noqa: E402
+    CANCEL_SKIP_REASON,
+    CHANGED_MEANWHILE,
+    NO_SUCH_JOB,
+    REPLAY_SKIP_REASON,
 )
 
 __all__ += ["CANCEL_SKIP_REASON", "CHANGED_MEANWHILE", "DELETE_SKIP_REASON", "JOB_DELETE_FINISHED",

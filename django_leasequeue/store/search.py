@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ._db import CLOCK, JOB_TABLE, QUEUE_TABLE, _run
 
 # What a bulk write would do, judged by the same reason expression as the write itself (the write's
-# *_SKIP_REASON constant in store/operator.py, NULL for a row it would act on), so that the
+# *_SKIP_REASON constant in store/operator.py or store/intervene.py, NULL for a row it would act on), so that the
 # confirmation page and the result message agree on the reasons. The reasons are counted over every
 # id; the sample is the newest ten rows, each with its reason.
 _PREVIEW = """

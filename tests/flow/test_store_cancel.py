@@ -38,7 +38,7 @@ def test_cancel_of_a_leased_job_sets_the_flag_and_the_heartbeat_reports_it():
     (job,) = new_jobs(1)
     (c,) = claim(1)
     assert store.job_request_cancel([job.id]) == store.CancelCounts(0, 1, 0)
-    assert store.job_request_cancel([job.id]) == store.CancelCounts(0, 0, 1)  # already asked
+    assert store.job_request_cancel([job.id]) == store.CancelCounts(0, 0, 1, {"already asked to stop": 1})
     renewal = store.job_renew([(c.id, c.lease_version, 30)])[c.id]
     assert renewal.cancel_requested is True
 
@@ -95,6 +95,7 @@ def test_bulk_cancel_of_10000_ids_is_one_statement():
         counts = store.job_request_cancel(ids + ids[:50], by="bulk")  # duplicates are ignored
     assert len(queries) == 1
     assert counts == store.CancelCounts(cancelled=10_000 - 100 - done_before, requested=100,
-                                        unchanged=done_before + 3)
+                                        unchanged=done_before + 3,
+                                        skipped={"already done": done_before, "no such job": 3})
     assert Job.objects.filter(status="leased", cancel_requested=True).count() == 100
     assert Job.objects.filter(status="ready").count() == 0

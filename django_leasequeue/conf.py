@@ -168,6 +168,9 @@ DEFAULTS: dict[str, Any] = {
     # settled, members added, the batch closed) is older than this is stuck. Set it above the
     # longest a step may run or wait in its queue, or healthy slow workflows are reported.
     "WORKFLOW_STUCK_AFTER": 3600.0,
+    # The console's charts: outcome counters (per minute, then per hour, then per day) older than
+    # this are deleted by the reaper. At least 2 days: the charts show 30 days at most.
+    "STATS_RETENTION": 90 * 24 * 3600.0,
     # ---- timeouts ----
     # How handlers run: "thread" (in the worker's threads; a handler past its task's timeout cannot
     # be stopped, so it keeps its slot and its job's lease until it returns) or "process" (each
@@ -188,11 +191,17 @@ _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
     "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE", "WORKFLOW_STUCK_AFTER",
+    "STATS_RETENTION",
 }
 
 #: The longest ``WORKFLOW_STUCK_AFTER``, in seconds (366 days): a workflow idle for a year is stuck
 #: by any measure, and the bound keeps the database's interval arithmetic far from overflowing.
 MAX_WORKFLOW_STUCK_AFTER = 366 * 24 * 3600.0
+#: The shortest ``STATS_RETENTION``, in seconds (2 days): the hourly chart reads 24 h of hour rows,
+#: which the reaper rolls into day rows after 25 h.
+MIN_STATS_RETENTION = 2 * 24 * 3600.0
+#: The longest ``STATS_RETENTION``, in seconds (10 years).
+MAX_STATS_RETENTION = 3660 * 24 * 3600.0
 
 # Workers touch their registry row every 5 s (worker.PROCESS_HEARTBEAT_INTERVAL); an "alive"
 # threshold below two of those beats would make healthy workers flap between alive and dead.
@@ -346,6 +355,7 @@ class Settings:
     async_completions: bool = False
     unknown_task_grace: float | None = 300.0
     workflow_stuck_after: float = 3600.0
+    stats_retention: float = 90 * 24 * 3600.0
     max_result_bytes: int = 1024 * 1024
     # ---- timeouts ----
     execution: str = "thread"
@@ -514,7 +524,8 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigurationError: a token that is not a non-empty str without whitespace, an alive
             threshold below 10 s, a prune age not above the alive threshold, or a
-            ``WORKFLOW_STUCK_AFTER`` not in (0, 366 days].
+            ``WORKFLOW_STUCK_AFTER`` not in (0, 366 days], a ``STATS_RETENTION`` not in [2 days,
+            10 years].
     """
     raw_tokens = merged["METRICS_TOKEN"]
     if raw_tokens is None:
@@ -536,6 +547,12 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
             f"LEASEQUEUE['WORKFLOW_STUCK_AFTER'] must be a number of seconds (or a timedelta) above 0 and at "
             f"most {MAX_WORKFLOW_STUCK_AFTER:g} (366 days), got {stuck_after!r}"
         )
+    stats_retention = merged["STATS_RETENTION"]
+    if stats_retention is None or not MIN_STATS_RETENTION <= stats_retention <= MAX_STATS_RETENTION:
+        raise ConfigurationError(
+            f"LEASEQUEUE['STATS_RETENTION'] must be a number of seconds (or a timedelta) from "
+            f"{MIN_STATS_RETENTION:g} (2 days) to {MAX_STATS_RETENTION:g} (10 years), got {stats_retention!r}"
+        )
     if not isinstance(merged["METRICS_ALLOW_STAFF"], bool):
         raise ConfigurationError("LEASEQUEUE['METRICS_ALLOW_STAFF'] must be True or False")
     alive = merged["PROCESS_ALIVE_WITHIN"]
@@ -554,7 +571,8 @@ def _build_monitoring(merged: dict[str, Any]) -> dict[str, Any]:
             f"LEASEQUEUE['PROCESS_PRUNE_AFTER'] ({prune:g}) must be above PROCESS_ALIVE_WITHIN ({alive:g})"
         )
     return {"metrics_tokens": tokens, "metrics_allow_staff": merged["METRICS_ALLOW_STAFF"],
-            "process_alive_within": alive, "process_prune_after": prune, "workflow_stuck_after": stuck_after}
+            "process_alive_within": alive, "process_prune_after": prune, "workflow_stuck_after": stuck_after,
+            "stats_retention": stats_retention}
 
 
 @lru_cache(maxsize=1)

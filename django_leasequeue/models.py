@@ -66,6 +66,11 @@ class UniqueScope(models.TextChoices):
 
 
 FINISHED_STATUSES = (JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
+#: Upper bounds (seconds) of the wait-time and run-time histogram buckets of :class:`JobStat`;
+#: migration 0015's trigger holds the same list (a test checks that they agree).
+STAT_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: The bucket spans of :class:`JobStat` (seconds): minute rows, then hour rows, then day rows.
+STAT_SPANS = (60, 3600, 86400)
 
 
 class DependencyPolicy(models.TextChoices):
@@ -594,6 +599,49 @@ class WorkerProcess(models.Model):
         return f"{self.kind} {self.id}"
 
 
+class JobStat(models.Model):
+    """Counters of job outcomes per time bucket, queue and task: the console's charts read these,
+    never the job table. Kept by a statement trigger on the job table (migration 0015), so every
+    path that moves a job (claim, completion, ``fenced_atomic()``, failure, reap, cancel) counts.
+
+    Each writing connection adds to its own row (``shard`` is its backend pid), so concurrent
+    workers never wait on each other's counter rows; the reaper folds shards into shard 0, rolls
+    minute rows into hour rows and hour rows into day rows, and deletes day rows past
+    ``STATS_RETENTION``. Every event is in exactly one row at any time, so a sum over the rows of a
+    window is exact whatever their spans.
+
+    The histograms are sparse JSON objects ``{"<bucket index>": count}`` over ``STAT_BOUNDS``
+    (seconds): index ``i`` counts values below ``STAT_BOUNDS[i]`` and at least the bound before it;
+    the last index counts values from the last bound up.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    bucket = models.DateTimeField(help_text="start of the bucket (database time, UTC)")
+    span = models.PositiveIntegerField(help_text="bucket length in seconds: 60, 3600 or 86400")
+    queue = models.CharField(max_length=100)
+    task = models.CharField(max_length=255)
+    shard = models.IntegerField(default=0, help_text="the writer's backend pid; 0 once folded by the reaper")
+    started = models.BigIntegerField(default=0, help_text="claims (attempts started)")
+    done = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0, help_text="failed attempts that will be retried")
+    dead = models.BigIntegerField(default=0, help_text="jobs dead-lettered")
+    cancelled = models.BigIntegerField(default=0)
+    wait_sum = models.FloatField(default=0.0, help_text="seconds from due to claim, summed over claims")
+    wait_hist = models.JSONField(default=dict)
+    run_sum = models.FloatField(default=0.0, help_text="seconds from claim to done, summed over done jobs")
+    run_hist = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "leasequeue_job_stat"
+        constraints = [
+            models.UniqueConstraint(fields=["span", "bucket", "queue", "task", "shard"],
+                                    name="leasequeue_job_stat_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.task} {self.bucket} +{self.span}s"
+
+
 class Dashboard(QueueState):
     """Proxy of :class:`QueueState` that gives the admin's queue dashboard its index entry and URL
     (``admin/django_leasequeue/dashboard/``) and its own view permission. No table of its own."""
@@ -615,6 +663,10 @@ class ReaperSweep(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_sweep_at = models.DateTimeField()
     resumed_at = models.DateTimeField(null=True, blank=True)
+    # The last tick of any scheduler (database time), written by the scheduler's tick: it outlives
+    # the scheduler's process row, which is pruned once the scheduler stops, so monitoring can still
+    # say how long ago the last tick was.
+    scheduler_tick_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "leasequeue_reaper_sweep"

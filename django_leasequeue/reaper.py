@@ -20,6 +20,7 @@ Events emitted: lease_expired, dead_lettered, cancelled.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from . import signals, store
@@ -31,6 +32,8 @@ logger = logging.getLogger("django_leasequeue.reaper")
 REAP_BATCH = 500
 # Seconds between two prunes of stale process rows (the workers' embedded sweep and runreaper).
 PROCESS_PRUNE_EVERY = 60.0
+#: Seconds between two folds of the chart counters by one reaping process.
+STAT_FOLD_EVERY = 60.0
 
 
 def outage_silence(interval: float) -> float:
@@ -130,6 +133,12 @@ def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | 
             return total
 
 
+def fold_stats(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> store.StatFold:
+    """Fold the writers' chart counters, roll them up (minutes to hours to days) and delete those
+    older than ``STATS_RETENTION`` (:func:`~django_leasequeue.store.stat_fold`)."""
+    return store.stat_fold(retention=settings.stats_retention, now=now, alias=alias)
+
+
 class ReaperService(RegisteredService):
     """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, prune finished jobs and stale
     process rows every minute. A worker composes one too (never started as a thread of its own):
@@ -155,6 +164,7 @@ class ReaperService(RegisteredService):
         self.process_id = process_id or make_process_id("reaper")
         self._runs = 0
         self._next_process_prune = 0.0
+        self._next_stat_fold = 0.0
         self.reaped = 0
 
     def sweep(self) -> int:
@@ -163,6 +173,12 @@ class ReaperService(RegisteredService):
         reaped = len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
         self.reaped += reaped
         dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
+        # The chart counters are folded once a minute, by whichever process reaps (a worker, or
+        # runreaper): the charts need the fold only for their hourly and daily rows to stay small.
+        clock = time.monotonic()
+        if clock >= self._next_stat_fold:
+            self._next_stat_fold = clock + STAT_FOLD_EVERY
+            fold_stats(self.settings, alias=self.alias)
         return reaped
 
     def prune_processes_due(self, now: float) -> int:

@@ -25,6 +25,7 @@ Where to look, and where a new statement goes:
 ``intervene``       the console's interventions: run now, release an expired lease, delete
                     finished jobs
 ``search``          the console's read-only previews of bulk actions and its filters' names
+``stats``           the charts' outcome counters: the reaper's fold and roll-up, series and totals
 ``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
 ``read``            monitoring's read-only queries (health snapshot, lease report, one job)
 ``sequences``       the enqueue lock of a sequence key, skipping a dead job that halts its
@@ -371,6 +372,24 @@ __all__ += ["CANCEL_SKIP_REASON", "CHANGED_MEANWHILE", "DELETE_SKIP_REASON", "JO
             "JOB_RELEASE_EXPIRED", "JOB_RUN_NOW", "NO_SUCH_JOB", "RELEASE_SKIP_REASON", "REPLAY_SKIP_REASON",
             "RUN_NOW_SKIP_REASON",
             "BulkOutcome", "job_delete_finished", "job_release_expired", "job_run_now"]
+
+# The chart counters: the reaper's fold, and the charts' reads.
+from .stats import (  # noqa: E402
+    STAT_FOLD,
+    STAT_FOLD_LOCK,
+    STAT_LATENCY,
+    STAT_SERIES,
+    STAT_TABLE,
+    StatFold,
+    StatPoint,
+    StatTotals,
+    stat_fold,
+    stat_series,
+    stat_totals,
+)
+
+__all__ += ["STAT_FOLD", "STAT_FOLD_LOCK", "STAT_LATENCY", "STAT_SERIES", "STAT_TABLE", "StatFold", "StatPoint",
+            "StatTotals", "stat_fold", "stat_series", "stat_totals"]
 
 # The console's read-only statements: bulk previews and the queue and task names of the filters.
 from .search import (  # noqa: E402

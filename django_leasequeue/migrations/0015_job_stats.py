@@ -1,0 +1,163 @@
+# Job outcome counters for the console's charts (leasequeue_job_stat), and the durable scheduler tick.
+#
+# The charts must never scan the job table on a page view, so outcomes are counted as they happen:
+# a statement-level AFTER UPDATE trigger reads the statement's transition tables (the rows before
+# and after) and adds, per minute, queue and task, the claims (with their wait from due to claim),
+# completions (with their run time from claim to done), retried failures, dead letters and
+# cancellations. One trigger covers every path that moves a job: claims, the completer's batched
+# completions, fenced_atomic() commits, failures, the reaper, the operator's cancels; a replay
+# moves a job from dead to ready and so changes no past count (the dead-letter rate of the last
+# hour stays what it was).
+#
+# Why a statement trigger and a row per writer: one INSERT ... ON CONFLICT per statement adds up
+# the whole batch (a completion of 100 jobs is one upsert per queue and task, not 100), and each
+# connection writes its own row (shard = pg_backend_pid()), so two workers completing jobs of the
+# same task never wait on each other's counter row. The reaper folds the shards into shard 0 once
+# their minute is past and rolls minute rows into hour rows and hour rows into day rows
+# (store.stats). A transition table cannot be declared with a column list (UPDATE OF status), so
+# the trigger fires on every UPDATE of the job table, renewals included; those join to no status
+# change and insert nothing.
+#
+# Histograms are sparse jsonb objects {"<width_bucket index>": count} over the bounds below, which
+# must equal models.STAT_BOUNDS; leasequeue_hist_add adds two of them and leasequeue_hist_sum is
+# its aggregate (the reaper's fold and the charts' reads).
+
+from django.db import migrations, models
+
+STAT_SQL = r"""
+CREATE OR REPLACE FUNCTION leasequeue_hist_add(a jsonb, b jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+    SELECT coalesce(jsonb_object_agg(k, n), '{}'::jsonb)
+    FROM (SELECT k, sum(v::bigint) AS n
+          FROM (SELECT * FROM jsonb_each_text(coalesce(a, '{}'::jsonb))
+                UNION ALL SELECT * FROM jsonb_each_text(coalesce(b, '{}'::jsonb))) AS t(k, v)
+          GROUP BY k) AS s;
+$fn$;
+
+CREATE AGGREGATE leasequeue_hist_sum(jsonb) (
+    SFUNC = leasequeue_hist_add, STYPE = jsonb, INITCOND = '{}'
+);
+
+CREATE OR REPLACE FUNCTION leasequeue_job_stat_count() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    WITH moved AS (
+        SELECT n.queue, n.task,
+               CASE WHEN n.status = 'leased' AND o.status = 'ready' THEN 'started'
+                    WHEN n.status = 'done' THEN 'done'
+                    WHEN n.status = 'dead' THEN 'dead'
+                    WHEN n.status = 'cancelled' THEN 'cancelled'
+                    WHEN n.status = 'ready' AND o.status = 'leased'
+                         AND CASE WHEN jsonb_typeof(n.errors) = 'array' THEN jsonb_array_length(n.errors) ELSE 0 END
+                             > CASE WHEN jsonb_typeof(o.errors) = 'array' THEN jsonb_array_length(o.errors) ELSE 0 END
+                    THEN 'failed'
+               END AS kind,
+               CASE WHEN n.status = 'leased' AND o.status = 'ready'
+                    THEN greatest(extract(epoch FROM n.attempted_at - o.run_at)::float8, 0) END AS wait,
+               CASE WHEN n.status = 'done' AND o.status = 'leased'
+                    THEN greatest(extract(epoch FROM n.finished_at - o.attempted_at)::float8, 0) END AS run,
+               date_trunc('minute', CASE WHEN n.status = 'leased' THEN n.attempted_at
+                                         WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at END
+                                    AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS at
+        FROM leasequeue_stat_new n JOIN leasequeue_stat_old o ON o.id = n.id
+        WHERE o.status IS DISTINCT FROM n.status
+    ),
+    events AS (
+        SELECT queue, task, kind, wait, run,
+               coalesce(at, date_trunc('minute', leasequeue_now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS minute
+        FROM moved WHERE kind IS NOT NULL
+    ),
+    waits AS (
+        SELECT minute, queue, task, width_bucket(wait, '{0.01,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[]) AS b,
+               count(*) AS n
+        FROM events WHERE wait IS NOT NULL GROUP BY 1, 2, 3, 4
+    ),
+    runs AS (
+        SELECT minute, queue, task, width_bucket(run, '{0.01,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[]) AS b,
+               count(*) AS n
+        FROM events WHERE run IS NOT NULL GROUP BY 1, 2, 3, 4
+    ),
+    totals AS (
+        SELECT minute, queue, task,
+               count(*) FILTER (WHERE kind = 'started') AS started, count(*) FILTER (WHERE kind = 'done') AS done,
+               count(*) FILTER (WHERE kind = 'failed') AS failed, count(*) FILTER (WHERE kind = 'dead') AS dead,
+               count(*) FILTER (WHERE kind = 'cancelled') AS cancelled,
+               coalesce(sum(wait), 0) AS wait_sum, coalesce(sum(run), 0) AS run_sum
+        FROM events GROUP BY 1, 2, 3
+    )
+    INSERT INTO leasequeue_job_stat AS s
+        (bucket, span, queue, task, shard, started, done, failed, dead, cancelled, wait_sum, wait_hist, run_sum, run_hist)
+    SELECT t.minute, 60, t.queue, t.task, pg_backend_pid(), t.started, t.done, t.failed, t.dead, t.cancelled,
+           t.wait_sum,
+           coalesce((SELECT jsonb_object_agg(w.b, w.n) FROM waits w
+                     WHERE w.minute = t.minute AND w.queue = t.queue AND w.task = t.task), '{}'::jsonb),
+           t.run_sum,
+           coalesce((SELECT jsonb_object_agg(r.b, r.n) FROM runs r
+                     WHERE r.minute = t.minute AND r.queue = t.queue AND r.task = t.task), '{}'::jsonb)
+    FROM totals t
+    -- Sorted, so that two statements of one backend (a trigger fired inside another) and the
+    -- reaper's fold take the counter rows in the same order.
+    ORDER BY t.minute, t.queue, t.task
+    ON CONFLICT (span, bucket, queue, task, shard) DO UPDATE
+    SET started = s.started + EXCLUDED.started, done = s.done + EXCLUDED.done,
+        failed = s.failed + EXCLUDED.failed, dead = s.dead + EXCLUDED.dead,
+        cancelled = s.cancelled + EXCLUDED.cancelled,
+        wait_sum = s.wait_sum + EXCLUDED.wait_sum, wait_hist = leasequeue_hist_add(s.wait_hist, EXCLUDED.wait_hist),
+        run_sum = s.run_sum + EXCLUDED.run_sum, run_hist = leasequeue_hist_add(s.run_hist, EXCLUDED.run_hist);
+    RETURN NULL;
+END;
+$fn$;
+
+CREATE TRIGGER leasequeue_job_stat_count
+AFTER UPDATE ON leasequeue_job
+REFERENCING OLD TABLE AS leasequeue_stat_old NEW TABLE AS leasequeue_stat_new
+FOR EACH STATEMENT
+EXECUTE FUNCTION leasequeue_job_stat_count();
+"""
+
+DROP_STAT_SQL = r"""
+DROP TRIGGER IF EXISTS leasequeue_job_stat_count ON leasequeue_job;
+DROP FUNCTION IF EXISTS leasequeue_job_stat_count();
+DROP AGGREGATE IF EXISTS leasequeue_hist_sum(jsonb);
+DROP FUNCTION IF EXISTS leasequeue_hist_add(jsonb, jsonb);
+"""
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('django_leasequeue', '0014_workflow_counts'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='reapersweep',
+            name='scheduler_tick_at',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.CreateModel(
+            name='JobStat',
+            fields=[
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('bucket', models.DateTimeField(help_text='start of the bucket (database time, UTC)')),
+                ('span', models.PositiveIntegerField(help_text='bucket length in seconds: 60, 3600 or 86400')),
+                ('queue', models.CharField(max_length=100)),
+                ('task', models.CharField(max_length=255)),
+                ('shard', models.IntegerField(default=0, help_text="the writer's backend pid; 0 once folded by the reaper")),
+                ('started', models.BigIntegerField(default=0, help_text='claims (attempts started)')),
+                ('done', models.BigIntegerField(default=0)),
+                ('failed', models.BigIntegerField(default=0, help_text='failed attempts that will be retried')),
+                ('dead', models.BigIntegerField(default=0, help_text='jobs dead-lettered')),
+                ('cancelled', models.BigIntegerField(default=0)),
+                ('wait_sum', models.FloatField(default=0.0, help_text='seconds from due to claim, summed over claims')),
+                ('wait_hist', models.JSONField(default=dict)),
+                ('run_sum', models.FloatField(default=0.0, help_text='seconds from claim to done, summed over done jobs')),
+                ('run_hist', models.JSONField(default=dict)),
+            ],
+            options={
+                'db_table': 'leasequeue_job_stat',
+                'constraints': [models.UniqueConstraint(fields=('span', 'bucket', 'queue', 'task', 'shard'), name='leasequeue_job_stat_key')],
+            },
+        ),
+        migrations.RunSQL(STAT_SQL, DROP_STAT_SQL),
+    ]

@@ -15,13 +15,14 @@ from django.db.backends.utils import CursorWrapper
 from psycopg import errors
 
 from ..exceptions import NotMigrated
-from ..models import Job, QueueState, ReaperSweep, Schedule, WorkerProcess
+from ..models import Job, JobStat, QueueState, ReaperSweep, Schedule, WorkerProcess
 
 logger = logging.getLogger("django_leasequeue.store")
 
 JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
 SWEEP_TABLE = ReaperSweep._meta.db_table
+STAT_TABLE = JobStat._meta.db_table
 QUEUE_TABLE = QueueState._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 

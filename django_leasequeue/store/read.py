@@ -22,6 +22,7 @@ from ._db import (
     JOB_TABLE,
     PROCESS_TABLE,
     QUEUE_TABLE,
+    STAT_TABLE,
     SWEEP_TABLE,
     _jobs_from_rows,
     _run,
@@ -34,8 +35,12 @@ from ._db import (
 #   ready  -> leasequeue_job_ready (queue, priority, run_at, id) WHERE status = 'ready'
 #   leased -> leasequeue_job_leased WHERE status = 'leased' (few rows: running jobs)
 #   waiting -> leasequeue_job_waiting (queue) WHERE status = 'waiting' (dependencies not finished)
-#   dead, recent -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
-# Windows are (now - w, now]: the upper bound matters when a caller passes an explicit now.
+#   dead -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
+# The done and dead counts of the recent windows come from the chart counters (leasequeue_job_stat,
+# store/stats.py), not from the finished rows: a replayed dead letter is no longer dead, and
+# counting rows would lower "dead in the last 5 minutes" after the fact; the counters also cost the
+# same at any throughput. They are counted in whole buckets: every minute (hour, past the last
+# hour) that overlaps the window (now - w, now] counts, so a window reads up to one bucket more.
 QUEUE_STATS = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ready AS (
@@ -66,20 +71,16 @@ dead AS (
     GROUP BY j.queue
 ),
 recent AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(short)s))
-               AS done_short,
-           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(short)s))
-               AS dead_short,
-           count(*) FILTER (WHERE j.status = 'done' AND j.finished_at > c.now - make_interval(secs => %(long)s))
-               AS done_long,
-           count(*) FILTER (WHERE j.status = 'dead' AND j.finished_at > c.now - make_interval(secs => %(long)s))
-               AS dead_long
-    FROM {JOB_TABLE} j, clock c
-    WHERE j.status IN ('done', 'dead')
-      AND j.finished_at > c.now - make_interval(secs => %(widest)s) AND j.finished_at <= c.now
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-    GROUP BY j.queue
+    SELECT s.queue,
+           sum(s.done) FILTER (WHERE s.ends > c.now - make_interval(secs => %(short)s)) AS done_short,
+           sum(s.dead) FILTER (WHERE s.ends > c.now - make_interval(secs => %(short)s)) AS dead_short,
+           sum(s.done) FILTER (WHERE s.ends > c.now - make_interval(secs => %(long)s)) AS done_long,
+           sum(s.dead) FILTER (WHERE s.ends > c.now - make_interval(secs => %(long)s)) AS dead_long
+    FROM (SELECT t.queue, t.done, t.dead, t.bucket, t.bucket + make_interval(secs => t.span) AS ends
+          FROM {STAT_TABLE} t) s, clock c
+    WHERE s.ends > c.now - make_interval(secs => %(widest)s) AND s.bucket <= c.now
+      AND (%(queues)s::text[] IS NULL OR s.queue = ANY(%(queues)s::text[]))
+    GROUP BY s.queue
 ),
 names AS (
     SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead
@@ -90,7 +91,8 @@ names AS (
 SELECT c.now, n.queue,
        coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
        coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
-       coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
+       coalesce(x.done_short, 0)::bigint, coalesce(x.dead_short, 0)::bigint, coalesce(x.done_long, 0)::bigint,
+       coalesce(x.dead_long, 0)::bigint,
        coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age
 FROM clock c
 -- Seconds since any process last swept expired leases (workers sweep too, unless --no-reaper),

@@ -13,10 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..models import JobStat
-from ._db import CLOCK, _run
-
-STAT_TABLE = JobStat._meta.db_table
+from ._db import CLOCK, STAT_TABLE, _run
 
 #: The advisory lock (one bigint key) that one reaper holds while it folds; another reaper skips
 #: the fold for that sweep instead of waiting.

@@ -20,12 +20,23 @@ from django_leasequeue.worker.completer import Completer
 
 
 def make_job(**fields: Any) -> Job:
-    """Insert a job row directly, in any state and at any time (River's test-factory idea)."""
+    """Insert a job row directly, in any state and at any time (River's test-factory idea).
+
+    A finished job (done, dead) is inserted leased and then moved to its status in a second
+    statement, as a worker would finish it: the chart counters (and so the health snapshot's recent
+    done and dead counts) count moves, not rows, and date the move by its ``finished_at``."""
     at = fields.pop("at", None) or store.db_now()
     defaults = {"task": "tests.monitoring.factory", "queue": "default", "status": "ready", "run_at": at,
                 "created_at": at, "max_attempts": 5}
     defaults.update(fields)
-    return Job.objects.create(**defaults)
+    final = defaults["status"]
+    if final not in ("done", "dead"):
+        return Job.objects.create(**defaults)
+    job = Job.objects.create(**{**defaults, "status": "leased", "finished_at": None,
+                                "attempted_at": defaults.get("attempted_at") or defaults.get("finished_at") or at})
+    Job.objects.filter(id=job.id).update(status=final, finished_at=defaults.get("finished_at"))
+    job.refresh_from_db()
+    return job
 
 
 def run_jobs(jobs: Sequence[store.ClaimedJob], *, worker: str = "host:1:test") -> list[str]:

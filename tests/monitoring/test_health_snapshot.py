@@ -63,15 +63,32 @@ def test_c30_oldest_ready_age_ignores_scheduled_running_and_backoff_and_dead_rat
     assert (third.ready_due, third.oldest_ready_age_seconds, third.scheduled, third.leased) == (1, 300.0, 2, 1)
 
 
-def test_windows_are_half_open_and_follow_explicit_now(now):
-    make_job(status="done", finished_at=ago(now, 300))   # exactly at the short window's start: out
-    make_job(status="done", finished_at=ago(now, 299))   # in
-    make_job(status="done", finished_at=now + timedelta(seconds=5))  # after now: out
+def test_windows_count_the_whole_minutes_they_overlap_and_follow_explicit_now(now):
+    # The recent counts come from the per-minute counters: a minute counts when it overlaps the
+    # window (now - w, now] and has started by now. With now 30 s into minute M, the short window
+    # (300 s) reaches back into minute M - 5, whose events all count.
+    m = now.replace(second=0, microsecond=0)
+    now = m + timedelta(seconds=30)
+    make_job(status="done", finished_at=m - timedelta(seconds=301))  # minute M - 6: out of the short window
+    make_job(status="done", finished_at=m - timedelta(seconds=300))  # minute M - 5 starts: in
+    make_job(status="done", finished_at=now + timedelta(seconds=5))  # minute M, after now: in (same minute)
+    make_job(status="done", finished_at=m + timedelta(seconds=60))   # minute M + 1 has not started: out
     make_job(status="dead", finished_at=ago(now, 3000))  # in the long window only
     stats = health.snapshot(now).queue("default")
-    assert (stats.done_recent_short, stats.done_recent_long) == (1, 2)
+    assert (stats.done_recent_short, stats.done_recent_long) == (2, 3)
     assert (stats.dead_recent_short, stats.dead_recent_long, stats.dead) == (0, 1, 1)
-    assert stats.dead_ratio_long == pytest.approx(1 / 3)
+    assert stats.dead_ratio_long == pytest.approx(1 / 4)
+
+
+def test_a_replay_does_not_lower_the_recent_dead_count_bug_13(now):
+    dead = [make_job(status="dead", finished_at=ago(now, 60)) for _ in range(3)]
+    make_job(status="done", finished_at=ago(now, 30))
+    before = health.snapshot(now).queue("default")
+    assert (before.dead_recent_short, before.dead_recent_long, before.dead, before.done_recent_short) == (3, 3, 3, 1)
+    assert store.job_replay([j.id for j in dead[:2]], by="ops", now=now).replayed == sorted(j.id for j in dead[:2])
+    after = health.snapshot(now).queue("default")
+    # The dead-letter table holds one job now, but three were dead-lettered in the window.
+    assert (after.dead_recent_short, after.dead_recent_long, after.dead, after.done_recent_short) == (3, 3, 1, 1)
 
 
 def test_queues_paused_expired_leases_and_explicit_queue_list(now):

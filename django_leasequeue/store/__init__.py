@@ -73,6 +73,7 @@ from ._db import (
     PROCESS_TABLE,
     QUEUE_TABLE,
     SCHEDULE_TABLE,
+    STAT_TABLE,
     SWEEP_TABLE,
     TOKEN_MAX,
     db_alias,
@@ -293,7 +294,7 @@ __all__ = [
     "PROCESS_UPSERT", "QUEUE_LIST", "QUEUE_PAUSE", "QUEUE_RESUME", "QUEUE_STATS", "QUEUE_TABLE", "QueueInfo",
     "RATE_LOCK", "RATE_LOG_BUCKETS", "RATE_ROWS_CREATE", "Reaped", "Released", "Renewal", "ReplayResult",
     "SCHEDULE_ADVANCE", "SCHEDULE_DISABLE_UNDECLARED", "SCHEDULE_LOCK_DUE", "SCHEDULE_LOCK_FOR_SAVE",
-    "SCHEDULE_NEXT_DUE", "SCHEDULE_SOURCES", "SCHEDULE_TABLE", "SCHEDULE_UPSERT_SETTINGS", "SWEEP_TABLE",
+    "SCHEDULE_NEXT_DUE", "SCHEDULE_SOURCES", "SCHEDULE_TABLE", "SCHEDULE_UPSERT_SETTINGS", "STAT_TABLE", "SWEEP_TABLE",
     "ScheduleAdvance", "ScheduleDefinition", "ScheduleRow", "ScheduleSync", "TOKEN_MAX", "_decode_claims",
     "clock_offset_get", "clock_offset_set", "clock_real_now", "db_alias", "db_now", "flow_keys_waiting",
     "flow_metrics", "flow_waiting_on_key", "job_cancel_leased", "job_claim", "job_claim_ids", "job_complete",
@@ -379,7 +380,6 @@ from .stats import (  # noqa: E402
     STAT_FOLD_LOCK,
     STAT_LATENCY,
     STAT_SERIES,
-    STAT_TABLE,
     StatFold,
     StatPoint,
     StatTotals,
@@ -388,7 +388,7 @@ from .stats import (  # noqa: E402
     stat_totals,
 )
 
-__all__ += ["STAT_FOLD", "STAT_FOLD_LOCK", "STAT_LATENCY", "STAT_SERIES", "STAT_TABLE", "StatFold", "StatPoint",
+__all__ += ["STAT_FOLD", "STAT_FOLD_LOCK", "STAT_LATENCY", "STAT_SERIES", "StatFold", "StatPoint",
             "StatTotals", "stat_fold", "stat_series", "stat_totals"]
 
 # The console's read-only statements: bulk previews and the queue and task names of the filters.

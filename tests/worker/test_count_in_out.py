@@ -8,7 +8,7 @@ from django.db.models import Count, Sum
 from qa.models import Execution
 
 from django_leasequeue import enqueue_many
-from django_leasequeue.models import Job
+from django_leasequeue.models import Job, JobStat
 from tests.support import statuses, wait_for
 
 pytestmark = [pytest.mark.process]
@@ -39,5 +39,15 @@ def test_thousand_jobs_with_failures_count_in_equals_count_out(spawn):
     assert not Execution.objects.values("job_id", "attempt").annotate(n=Count("id")).filter(n__gt=1).exists()
     dead_errors = {len(j.errors) for j in Job.objects.filter(status="dead").only("errors")}
     assert dead_errors == {3}
+    # The chart counters, kept by the trigger as the two workers moved the jobs, hold the same ledger.
+    counters = {row["task"]: row for row in JobStat.objects.values("task").annotate(
+        started=Sum("started"), done=Sum("done"), failed=Sum("failed"), dead=Sum("dead"), cancelled=Sum("cancelled"))}
+    assert counters == {
+        "qa.record": {"task": "qa.record", "started": SUCCESS, "done": SUCCESS, "failed": 0, "dead": 0, "cancelled": 0},
+        "qa.flaky": {"task": "qa.flaky", "started": 3 * FLAKY, "done": FLAKY, "failed": 2 * FLAKY, "dead": 0,
+                     "cancelled": 0},
+        "qa.poison": {"task": "qa.poison", "started": 3 * POISON, "done": 0, "failed": 2 * POISON, "dead": POISON,
+                      "cancelled": 0},
+    }
     # Both processes did work.
     assert {j.leased_by.rsplit(":", 1)[1] for j in Job.objects.only("leased_by")} == {"w0", "w1"}

@@ -7,10 +7,11 @@ measured in seconds; process start-up on a busy machine gets generous timeouts.
 import signal
 
 import pytest
+from django.db.models import Sum
 from qa.models import Effect, Execution, Probe
 
 from django_leasequeue import enqueue, store
-from django_leasequeue.models import Job
+from django_leasequeue.models import Job, JobStat
 from tests.support import job_in, wait_for
 
 pytestmark = [pytest.mark.process]
@@ -45,6 +46,10 @@ def test_c01_sigkilled_worker_job_completed_by_another_after_lease_expiry(spawn)
     # The orphan was reaped within lease + a few reaper sweeps of the victim's last renewal.
     assert Job.objects.filter(unique_key="k2").count() == 1
     assert workers[survivor_name].running
+    # The chart counters: two claims, the reaped attempt counted as a retried failure, one done.
+    counters = JobStat.objects.aggregate(started=Sum("started"), failed=Sum("failed"), done=Sum("done"),
+                                         dead=Sum("dead"))
+    assert counters == {"started": 2, "failed": 1, "done": 1, "dead": 0}
 
 
 def test_sigstopped_worker_is_fenced_when_resumed(spawn):
@@ -74,6 +79,9 @@ def test_sigstopped_worker_is_fenced_when_resumed(spawn):
     assert (after.status, after.attempts, after.lease_version, after.finished_at) == (
         "done", 2, 3, done.finished_at)
     assert a.running and b.running
+    # The fenced-out completion of the frozen worker counted nothing: one done, from b.
+    counters = JobStat.objects.aggregate(started=Sum("started"), failed=Sum("failed"), done=Sum("done"))
+    assert counters == {"started": 2, "failed": 1, "done": 1}
 
 
 def test_c02_handler_killing_its_worker_dead_after_three_lease_expiries(spawn):

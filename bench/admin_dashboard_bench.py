@@ -61,6 +61,32 @@ LATERAL (SELECT now() - random() * interval '7 days' + (g * 0) * interval '1 sec
 """
 
 
+# The chart counters of a busy installation after the reaper's folds, for the same 8 queues and
+# 20 tasks (all 160 pairs, the worst case for the reads): per minute for the last two hours (the
+# last two minutes still in 4 writers' shards each), per hour for the last 49 hours, per day for
+# 90 days (STATS_RETENTION). Every row carries a 6-bucket wait and run histogram.
+STAT_SEED = """
+INSERT INTO leasequeue_job_stat (bucket, span, queue, task, shard, started, done, failed, dead, cancelled,
+                                 wait_sum, wait_hist, run_sum, run_hist)
+SELECT b.bucket, b.span, 'q' || q, 'bench.task_' || t, b.shard,
+       b.n + 5, b.n, b.n / 50, b.n / 100, b.n / 200, b.n * 0.4,
+       jsonb_build_object('2', b.n / 2, '3', b.n / 4, '4', b.n / 8, '5', b.n / 16, '7', b.n / 32, '13', 1),
+       b.n * 0.12, jsonb_build_object('1', b.n / 2, '2', b.n / 4, '3', b.n / 8, '5', b.n / 16, '6', b.n / 32, '9', 1)
+FROM generate_series(0, 7) AS q, generate_series(0, 19) AS t,
+LATERAL (
+    SELECT date_trunc('minute', now()) - m * interval '1 minute' AS bucket, 60 AS span, 0 AS shard, 40 AS n
+    FROM generate_series(2, 119) AS m
+    UNION ALL
+    SELECT date_trunc('minute', now()) - m * interval '1 minute', 60, 1000 + w, 10
+    FROM generate_series(0, 1) AS m, generate_series(1, 4) AS w
+    UNION ALL
+    SELECT date_trunc('hour', now()) - h * interval '1 hour', 3600, 0, 2400 FROM generate_series(2, 50) AS h
+    UNION ALL
+    SELECT date_trunc('day', now()) - d * interval '1 day', 86400, 0, 57600 FROM generate_series(2, 91) AS d
+) AS b
+"""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -87,12 +113,15 @@ def main() -> int:
             started = time.perf_counter()
             cur.execute(f"TRUNCATE {table} RESTART IDENTITY CASCADE")
             cur.execute(SEED, {"rows": args.rows})
+            cur.execute("TRUNCATE leasequeue_job_stat RESTART IDENTITY")
+            cur.execute(STAT_SEED)
             print(f"  seeded in {time.perf_counter() - started:.1f} s", flush=True)
         if args.reseed or args.vacuum:
             connection.ensure_connection()
             old_autocommit = connection.get_autocommit()
             connection.set_autocommit(True)
             cur.execute(f"{'VACUUM ANALYZE' if args.vacuum else 'ANALYZE'} {table}")
+            cur.execute(f"{'VACUUM ANALYZE' if args.vacuum else 'ANALYZE'} leasequeue_job_stat")
             connection.set_autocommit(old_autocommit)
         cur.execute(f"SELECT status, count(*) FROM {table} GROUP BY status ORDER BY status")
         counts = cur.fetchall()
@@ -101,6 +130,9 @@ def main() -> int:
         print("the job table is empty: pass --reseed to seed it", file=sys.stderr)
         return 2
     print(f"job table: {total:,} rows: " + ", ".join(f"{s} {n:,}" for s, n in counts))
+    with connection.cursor() as cur:
+        cur.execute("SELECT span, count(*) FROM leasequeue_job_stat GROUP BY span ORDER BY span")
+        print("chart counters: " + ", ".join(f"{n:,} rows of {span} s" for span, n in cur.fetchall()))
 
     user, _ = User.objects.get_or_create(username="bench-admin", defaults={"is_staff": True, "is_superuser": True})
     client = Client()

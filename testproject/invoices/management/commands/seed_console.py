@@ -67,6 +67,7 @@ class Seeded:
         dead_job: a dead ``import_order`` job (KeyError), for the job page and the replay form.
         schedule: the schedule with the richest history (every 15 minutes, Berlin).
         workflow: the chain (half done).
+        batch: the group with a dead member.
         queues: the queue names that hold jobs.
     """
 
@@ -75,6 +76,7 @@ class Seeded:
     dead_job: int = 0
     schedule: int = 0
     workflow: int = 0
+    batch: int = 0
     queues: list[str] = field(default_factory=lambda: ["invoices", "orders", "partners", "reports"])
 
 
@@ -191,11 +193,14 @@ def _backlogs(now: datetime, rnd: random.Random) -> None:
 
 def _in_flight(now: datetime) -> None:
     """Running, snoozed and retrying jobs; web-2's job has an expired lease."""
-    running = _insert([build_job(send_invoice, [8000 + k, "2026-12"], queue="invoices") for k in range(3)]
-                      + [build_job(import_order, [{"order": 30_000, "customer": "ACME"}], queue="orders")],
+    # Tasks without a lease option of their own, so that the 15-minute lease given here holds while
+    # the screenshots and the browser tests look at the pages.
+    running = _insert([build_job(import_order, [{"order": 30_000 + k, "customer": "ACME"}], queue="orders")
+                       for k in range(2)]
+                      + [build_job(flaky_sync, [f"partner-{k}"], {"failures": 0}, queue="partners") for k in (8, 9)],
                       now - timedelta(minutes=2))
     for k, job_id in enumerate(running):
-        _claim([job_id], now - timedelta(seconds=10 + 20 * k), WEB1, lease=120)
+        _claim([job_id], now - timedelta(seconds=10 + 20 * k), WEB1, lease=900)
     stale = _insert([build_job(flaky_sync, ["partner-7"], {"failures": 0}, queue="partners")],
                     now - timedelta(minutes=12))
     _claim(stale, now - timedelta(minutes=9), WEB2, lease=30)
@@ -251,7 +256,7 @@ def _schedules(now: datetime) -> int:
     return richest
 
 
-def _workflows(now: datetime) -> int:
+def _workflows(now: datetime) -> tuple[int, int]:
     """A month-end chain (first step done, second ready) and a partner group with a dead member."""
     # Steps due 40 minutes ago, so that the injected claim times below find them due.
     due = now - timedelta(minutes=40)
@@ -270,7 +275,7 @@ def _workflows(now: datetime) -> int:
                            retry_delay=None, now=now - timedelta(minutes=19))
         else:
             _complete([c], now - timedelta(minutes=19))
-    return month_end.id
+    return month_end.id, batch.id
 
 
 def _processes(now: datetime) -> None:
@@ -317,7 +322,7 @@ def seed(*, now: datetime | None = None, seed_value: int = 17) -> Seeded:
         _backlogs(now, rnd)
         _in_flight(now)
         result.schedule = _schedules(now)
-        result.workflow = _workflows(now)
+        result.workflow, result.batch = _workflows(now)
         _processes(now)
         store.queue_pause("reports", by="ops", now=now - timedelta(minutes=40), wait=False)
         result.dead = Job.objects.filter(status="dead").count()

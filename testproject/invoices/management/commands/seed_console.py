@@ -146,7 +146,8 @@ DEAD_KINDS = [
     (import_order, "orders", "builtins.KeyError", "'customer'", 14),
     (import_order, "invoices", "builtins.KeyError", "'customer'", 8),
     (flaky_sync, "partners", "builtins.ConnectionError",
-     "partner API timed out after 30 s: POST https://partners.example.com/v2/catalogue", 15),
+     "partner API timed out after 30 s: POST https://partners.example.com/v2/catalogue?since=2026-12-01T00:00:00Z"
+     "&page=17 (read timeout; connection pool 10/10 in use; the partner's status page reports degraded service)", 15),
     (poison, "reports", "builtins.ValueError", "malformed payload: missing 'customer' in ['account', 'period']", 7),
     (poison, "invoices", "builtins.ValueError", "malformed payload: missing 'customer' in ['account', 'period']", 4),
 ]

@@ -213,7 +213,7 @@ def _in_flight(now: datetime) -> None:
                        now - timedelta(minutes=15))
     for k, c in enumerate(_claim(retrying, now - timedelta(minutes=4))):
         store.job_fail(c.id, c.lease_version, _error("builtins.ConnectionError", "partner API timed out (try 1)", 1,
-                                                     WEB1), retry_delay=120 + 60 * k, now=now - timedelta(minutes=4))
+                                                     WEB1), retry_delay=300 + 120 * k, now=now - timedelta(minutes=4))
 
 
 SCHEDULES = [

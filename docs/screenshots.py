@@ -109,9 +109,11 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     import django
 
+    # The ORM calls between shots run in the thread where Playwright's sync API runs its event loop.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     django.setup()
     from django.contrib.auth.models import User
-    from invoices.management.commands.seed_console import reset, seed
+    from invoices.management.commands.seed_console import keep_alive, reset, seed
     from playwright.sync_api import sync_playwright
 
     reset()
@@ -152,6 +154,7 @@ def main() -> int:
                     if path is None:
                         print(f"skipped {name}: {page.url_name} does not resolve on this checkout")
                         continue
+                    keep_alive()  # web-1 and the scheduler stay alive however long the shots take
                     tab.set_viewport_size({"width": width, "height": page.height or HEIGHT[width]})
                     response = tab.goto(f"{base}{path}")
                     if response is None or response.status != 200:

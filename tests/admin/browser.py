@@ -39,11 +39,15 @@ MARKS = [
 ]
 
 
+def executable() -> str | None:
+    """The Chromium binary: ``LEASEQUEUE_CHROMIUM`` or ``/usr/bin/chromium``, else ``chromium`` on the PATH."""
+    return CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+
+
 def open_browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
     """Yield a Playwright page in headless Chromium at ``width`` x ``height`` CSS pixels."""
-    executable = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
     with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=executable(), args=CHROMIUM_ARGS, headless=True)
         try:
             context = browser.new_context(viewport={"width": width, "height": height})
             page = context.new_page()

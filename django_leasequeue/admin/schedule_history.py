@@ -61,6 +61,16 @@ def in_zone(moment: datetime | None, zone: tzinfo) -> str:
     return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z") if moment is not None else "—"
 
 
+def in_zone_cell(moment: datetime | None, zone: tzinfo) -> str:
+    """:func:`in_zone` as list-cell HTML: the date and the time with its zone in two unbreakable
+    parts, so that a narrow column wraps between them instead of cutting the time off."""
+    if moment is None:
+        return "—"
+    local = moment.astimezone(zone)
+    return format_html('<span class="lq-nowrap">{}</span> <span class="lq-nowrap">{}</span>',
+                       local.strftime("%Y-%m-%d"), local.strftime("%H:%M:%S %Z"))
+
+
 def schedule_history(schedule: Schedule, now: datetime, *, limit: int = HISTORY_SHOWN) -> list[Occurrence]:
     """The last ``limit`` occurrences of ``schedule``, newest first (one statement).
 

@@ -22,7 +22,7 @@ from ..enqueueing import build_job, insert_jobs
 from ..exceptions import LeaseQueueError
 from ..models import Job, Schedule
 from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
-from .schedule_history import HISTORY_SHOWN, history_html, in_zone
+from .schedule_history import HISTORY_SHOWN, history_html, in_zone, in_zone_cell
 from .workers import relative
 
 _CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
@@ -209,7 +209,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
         """The next occurrence in the schedule's zone, to the second, with the zone."""
         if not obj or obj.next_occurrence_at is None:
             return "—" if not obj or obj.enabled else "— (disabled)"
-        return in_zone(obj.next_occurrence_at, self._zone(obj) or UTC)
+        return in_zone_cell(obj.next_occurrence_at, self._zone(obj) or UTC)
 
     @admin.display(description="next run")
     def next_run_relative(self, obj: Schedule) -> str:
@@ -217,12 +217,13 @@ class ScheduleAdmin(_ScheduleAdminBase):
         if not obj or obj.next_occurrence_at is None:
             return self.next_run(obj)
         left = (obj.next_occurrence_at - store.db_now()).total_seconds()
-        return format_html('{} <span class="lq-meta">({})</span>', self.next_run(obj), relative(left))
+        return format_html('{} <span class="lq-meta">({})</span>',
+                           in_zone(obj.next_occurrence_at, self._zone(obj) or UTC), relative(left))
 
     @admin.display(description="last run", ordering="last_occurrence_at")
     def last_run(self, obj: Schedule) -> str:
         """The last occurrence emitted, in the schedule's zone."""
-        return in_zone(obj.last_occurrence_at, self._zone(obj) or UTC) if obj else "—"
+        return in_zone_cell(obj.last_occurrence_at, self._zone(obj) or UTC) if obj else "—"
 
     @admin.display(description=f"last {HISTORY_SHOWN} occurrences")
     def history_table(self, obj: Schedule) -> str:

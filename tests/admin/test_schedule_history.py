@@ -120,8 +120,10 @@ def test_schedule_list_shows_next_and_last_run_in_each_schedules_zone(admin_clie
     Schedule.objects.create(name="tokyo", task=NOOP, cron="30 15 * * *", timezone="Asia/Tokyo")
     Schedule.objects.filter(name="tokyo").update(next_occurrence_at=at)
     html = admin_client.get(reverse("admin:django_leasequeue_schedule_changelist")).content.decode()
-    assert '<td class="field-next_run">2026-07-01 08:30:00 CEST</td>' in html
-    assert '<td class="field-last_run">2026-06-30 08:30:00 CEST</td>' in html
-    assert '<td class="field-next_run">2026-07-01 15:30:00 JST</td>' in html
+    # The date and the time wrap as two unbreakable parts in a narrow column (bug 1).
+    cell = '<td class="field-{}"><span class="lq-nowrap">{}</span> <span class="lq-nowrap">{}</span></td>'
+    assert cell.format("next_run", "2026-07-01", "08:30:00 CEST") in html
+    assert cell.format("last_run", "2026-06-30", "08:30:00 CEST") in html
+    assert cell.format("next_run", "2026-07-01", "15:30:00 JST") in html
     assert "06:30:00" not in html and "column-zone" not in html
     assert '<div class="lq-scroll lq-schedule-list">' in html

@@ -23,6 +23,7 @@ from ..exceptions import LeaseQueueError
 from ..models import Job, Schedule
 from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
 from .schedule_history import HISTORY_SHOWN, history_html, in_zone, in_zone_cell
+from .states import time_field
 from .workers import relative
 
 _CRON_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
@@ -155,8 +156,8 @@ class ScheduleAdmin(_ScheduleAdminBase):
     actions = ["enable_selected", "disable_selected", "run_now_selected"]
     change_list_template = "admin/django_leasequeue/schedule/change_list.html"
     readonly_fields = ("cron_words", "next_five", "next_run", "next_run_relative", "history_table",
-                       "last_occurrence_at", "next_occurrence_at",
-                       "skipped_occurrences", "source", "created_at", "updated_at", "paused_skipped",
+                       "last_occurrence_at_display", "next_occurrence_at_display",
+                       "skipped_occurrences", "source", "created_at_display", "updated_at_display", "paused_skipped",
                        "paused_coalesced", "paused_log_table")
     change_form_template = "admin/django_leasequeue/schedule/change_form.html"
 
@@ -165,8 +166,8 @@ class ScheduleAdmin(_ScheduleAdminBase):
             (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "enabled")}),
             ("When", {"fields": ("cron", "timezone", "cron_words", "next_five", "catch_up", "catch_up_limit")}),
             ("History", {"fields": ("next_run_relative", "history_table"), "classes": ("lq-history-set",)}),
-            ("State", {"fields": ("last_occurrence_at", "next_occurrence_at", "skipped_occurrences", "source",
-                                  "created_at", "updated_at")}),
+            ("State", {"fields": ("last_occurrence_at_display", "next_occurrence_at_display", "skipped_occurrences",
+                                  "source", "created_at_display", "updated_at_display")}),
             ("While the queue is paused", {"fields": ("when_paused", "paused_skipped", "paused_coalesced",
                                                       "paused_log_table")}),
         )
@@ -203,6 +204,11 @@ class ScheduleAdmin(_ScheduleAdminBase):
             return ZoneInfo(obj.zone_name)
         except (ValueError, KeyError):
             return None
+
+    last_occurrence_at_display = time_field("last_occurrence_at", "last occurrence (admin time zone)")
+    next_occurrence_at_display = time_field("next_occurrence_at", "next occurrence (admin time zone)")
+    created_at_display = time_field("created_at", "created")
+    updated_at_display = time_field("updated_at", "updated")
 
     @admin.display(description="next run", ordering="next_occurrence_at")
     def next_run(self, obj: Schedule) -> str:

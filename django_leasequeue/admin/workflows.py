@@ -26,6 +26,7 @@ from .actions import replay_jobs
 from .common import APP, _by, search_id
 from .jobs import STATUS_COLOURS
 from .listing import EstimatedCountPaginator
+from .states import time_field
 
 if TYPE_CHECKING:
     _WorkflowAdminBase: TypeAlias = admin.ModelAdmin[Workflow]
@@ -125,8 +126,8 @@ class WorkflowAdmin(_WorkflowAdminBase):
     """Workflows: a read-only list with progress and state, and a page per workflow with its steps,
     Replay on each dead member and "Cancel the rest"."""
 
-    list_display = ("id", "kind", "name", "progress", "dead", "cancelled", "state_badge", "created_at",
-                    "progressed_at")
+    list_display = ("id", "kind", "name", "progress", "dead", "cancelled", "state_badge", "created_at_display",
+                    "progressed_at_display")
     list_display_links = ("id", "name")
     list_filter: ClassVar[tuple[Any, ...]] = ("kind", WorkflowStateFilter)
     search_fields = ("=id", "name", "=unique_key")
@@ -134,14 +135,19 @@ class WorkflowAdmin(_WorkflowAdminBase):
     list_per_page = 100
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    sortable_by: ClassVar[tuple[str, ...]] = ("id", "kind", "name", "created_at", "progressed_at")
+    sortable_by: ClassVar[tuple[str, ...]] = ("id", "kind", "name", "created_at_display", "progressed_at_display")
     change_form_template = "admin/django_leasequeue/workflow/change_form.html"
     fieldsets = (
         (None, {"fields": (("id", "kind", "name"), ("unique_key", "on_dependency_dead"))}),
-        ("Times (database clock)", {"fields": (("created_at", "closed_at"), ("progressed_at", "finished_at"))}),
+        ("Times (database clock, admin time zone)", {"fields": (("created_at_display", "closed_at_display"),
+                                                                 ("progressed_at_display", "finished_at_display"))}),
     )
-    readonly_fields = ("id", "kind", "name", "unique_key", "on_dependency_dead", "created_at", "closed_at",
-                       "progressed_at", "finished_at")
+    readonly_fields = ("id", "kind", "name", "unique_key", "on_dependency_dead", "created_at_display",
+                       "closed_at_display", "progressed_at_display", "finished_at_display")
+    created_at_display = time_field("created_at", "created")
+    closed_at_display = time_field("closed_at", "closed (— : an open batch)")
+    progressed_at_display = time_field("progressed_at", "progressed (a member settled, added or replayed)")
+    finished_at_display = time_field("finished_at", "finished")
 
     if hasattr(admin, "ShowFacets"):
         show_facets = admin.ShowFacets.NEVER

@@ -96,7 +96,7 @@ def throughput_svg(series: Series, *, title: str = "") -> SafeString:
     for _key, label, fill in SERIES_STYLE:
         out.append(f'<rect class="lq-legend" x="{x}" y="6" width="10" height="10" style="fill: {fill}"/>'
                    f'<text x="{x + 14}" y="15" fill="currentColor">{escape(label)}</text>')
-        x += 24 + 7 * len(label)
+        x += 24 + 6 * len(label)
     # Y axis: gridlines at 0, half and the top, with their values.
     grid = "var(--hairline-color, #e8e8e8)"
     for value in (0, top / 2, top):

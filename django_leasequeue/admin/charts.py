@@ -4,7 +4,8 @@
 failed, dead per bucket) with a y axis, time labels, a legend and, per bucket, a ``<title>``
 tooltip with the bucket's time and exact numbers. Colours are Django admin's CSS variables
 (``--primary``, ``--error-fg``, ``--body-quiet-color``, ``--hairline-color``, with their light
-values as fallbacks), so the chart follows the admin's dark mode; text is ``currentColor``. The
+values as fallbacks) or the package's ``--lq-chart-*`` variables (admin.css, set per theme), so the
+chart follows the admin's dark mode; text is ``currentColor``. The
 SVG has a ``viewBox`` and ``width="100%"``: it scales to its container. Every text is escaped.
 """
 
@@ -24,7 +25,7 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 44, 8, 26, 24
 
 #: Each outcome's label and fill: admin's variables, with the light theme's values as fallbacks.
 SERIES_STYLE = (
-    ("done", "done", "var(--primary, #79aec8)"),
+    ("done", "done", "var(--lq-chart-done, var(--primary, #79aec8))"),
     ("failed", "failed (retried)", "var(--lq-chart-failed, #d98e04)"),
     ("dead", "dead", "var(--error-fg, #ba2121)"),
 )

@@ -74,3 +74,26 @@ def test_the_dashboard_charts_and_the_queue_page_fit(live_server, width, monkeyp
         page.wait_for_selector("#lq-throughput svg")
         assert page.locator("#lq-throughput svg .lq-bar").count() == 30
         browser.assert_fits(page, "#lq-depth-table")
+
+
+def test_the_chart_takes_the_admin_colours_of_the_dark_theme(live_server, monkeypatch, transactional_db):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    seed()
+    fill = "(sel) => getComputedStyle(document.querySelector(sel)).fill"
+    colours = {}
+    for scheme in ("light", "dark"):
+        for page in browser.open_browser(browser.WIDTHS["desktop"]):
+            page.emulate_media(color_scheme=scheme)
+            browser.log_in(page, live_server.url)
+            page.goto(f"{live_server.url}/admin/django_leasequeue/dashboard/queue/{QUEUE}/")
+            page.wait_for_selector("#lq-throughput svg rect.lq-done")
+            colours[scheme] = (page.evaluate(fill, "#lq-throughput rect.lq-done"),
+                               page.evaluate("(sel) => getComputedStyle(document.querySelector(sel)).color",
+                                             "#lq-throughput svg text"))
+            if scheme == "dark":
+                browser.shot(page, "queue-dark.png")
+    # Done bars: admin's --primary (#79aec8) in the light theme, the package's lighter blue (#5fa3c7)
+    # in the dark one, where --primary (#264b5d) is too close to the background; the text follows
+    # --body-fg (#333 light, #eeeeee dark).
+    assert colours["light"] == ("rgb(121, 174, 200)", "rgb(51, 51, 51)")
+    assert colours["dark"] == ("rgb(95, 163, 199)", "rgb(238, 238, 238)")

@@ -143,6 +143,10 @@ def test_the_queue_page_shows_depth_workers_limits_errors_and_schedules(admin_cl
     confirm = admin_client.get(group["replay_url"])
     assert confirm.status_code == 200 and "2" in confirm.content.decode()
     assert admin_client.get(ctx["errors"][1]["list_url"]).context["cl"].result_count == 1
+    # The job list's and Dead letters' queue columns link to the queue's page.
+    for changelist in ("job", "deadletter"):
+        html = admin_client.get(reverse(f"admin:django_leasequeue_{changelist}_changelist")).content.decode()
+        assert f'<a href="{queue_url("mail")}" class="lq-queue-link">mail</a>' in html
 
 
 def test_the_queue_page_costs_the_same_statements_for_10_and_1000_jobs(admin_client):

@@ -21,6 +21,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 
 from .. import health, store
@@ -88,7 +89,9 @@ def queue_context(name: str, *, period: str = "hour", window: str = "hour", can_
 
     Returns:
         The template context of the page (without the admin site's own), with ``live``: the
-        figures that change while the page is open, by the key of their ``data-live`` attribute.
+        figures that change while the page is open, by the key of their ``data-live`` attribute,
+        each the text the page shows (numbers, ``oldest_due`` in words, ``state`` "paused" or
+        "running", ``now`` the database time in the active time zone); ``paused`` is the flag.
 
     Raises:
         ValueError: an unknown ``period`` or ``window``.
@@ -143,10 +146,11 @@ def queue_context(name: str, *, period: str = "hour", window: str = "hour", can_
         "done_short": stats.done_recent_short, "dead_short": stats.dead_recent_short,
         "done_long": stats.done_recent_long, "dead_long": stats.dead_recent_long,
         "workers_serving": stats.workers_serving, "paused": stats.paused,
+        "state": "paused" if stats.paused else "running",
         "throttled_total": int(state[3]) if state else 0,
         "threads": sum(int(w["info"].concurrency) for w in workers if w["info"].alive),
         "alive_workers": sum(1 for w in workers if bool(w["info"].alive)),
-        "now": now.isoformat(),
+        "now": timezone.localtime(now).strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     return {
         "queue": name,

@@ -3,6 +3,7 @@ of one queue, through the test client."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
@@ -132,8 +133,12 @@ def test_the_queue_page_shows_depth_workers_limits_errors_and_schedules(admin_cl
     assert ctx["schedules"][0]["next"].endswith(" JST") and ctx["schedules"][0]["next"][11:16] == "07:00"
     assert sum(p.done for p in ctx["series"].points) == 2
     html = response.content.decode()
-    for key in ("ready_due", "scheduled", "leased", "dead", "oldest_due", "done_long", "threads"):
-        assert f'data-live="{key}"' in html
+    # Every live-marked element shows exactly its value in the one `live` dict (what a live
+    # refresh would put there), and the main figures are all marked.
+    marked = dict(re.findall(r'data-live="(\w+)">([^<]*)<', html))
+    main = {"ready_due", "scheduled", "leased", "dead", "oldest_due", "done_long", "threads", "state", "now"}
+    assert main <= set(marked)
+    assert marked == {k: str(live[k]) for k in marked}
     assert html.count('class="lq-bar"') == 60
 
     # The error group links select exactly that group in Dead letters, and its confirmed replay.

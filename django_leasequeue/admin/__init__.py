@@ -37,7 +37,10 @@ Pages (all under the app "Lease queue"):
   due, scheduled, leased and dead counts, the oldest due job's age, done and dead-lettered jobs in
   the last 5 minutes and hour, paused state with pause/resume, live processes and the last
   scheduler tick, all read through :func:`django_leasequeue.health.snapshot` (the same query layer
-  as monitoring).
+  as monitoring); the throughput chart and the wait / run time table (:mod:`.charts`, read from the
+  outcome counters by :mod:`django_leasequeue.health.charts`).
+* **A queue's page** (:mod:`.queues`, ``admin:django_leasequeue_queue``): its depth, charts,
+  workers, limits with pause (confirmed) and resume, top errors and schedules.
 
 Writes: every change of a job's state goes through :mod:`django_leasequeue.store` (``job_replay``,
 ``job_request_cancel``, ``job_retry_now``, ``job_run_now``, ``job_release_expired``,

@@ -45,10 +45,10 @@ class DeadLetterAdmin(JobAdmin):
     # No attempts column: a dead job has used its attempts (its page says how many); the width goes
     # to the last error, the column this page is read for.
     # "N jobs wait on this job" shares the Replay button's cell (the fix is to replay it).
-    list_display = ("id", "task_display", "queue", "died", "replay_button", "last_error_short")
+    list_display = ("id", "task_display", "queue_link", "died", "replay_button", "last_error_short")
     list_filter = (DeadQueueFilter, DeadTaskFilter, IncidentSearchFilter)
     list_display_links = ("id", "task_display")
-    sortable_by = ("id", "task_display", "queue", "died")
+    sortable_by = ("id", "task_display", "queue_link", "died")
     ordering = ("-finished_at", "-id")  # served by the partial index (status, finished_at)
     actions = ["replay_selected", "delete_finished_selected"]
     change_list_template = "admin/django_leasequeue/deadletter/change_list.html"

@@ -60,7 +60,7 @@ class JobAdmin(_JobAdminBase):
 
     # Attempts share the status cell and the age the run-at cell's title, so that at 1280 px,
     # beside the admin's two sidebars, the last error keeps a readable width (bug 1).
-    list_display: tuple[str, ...] = ("id", "status_badge", "task_display", "queue", "run_at_display",
+    list_display: tuple[str, ...] = ("id", "status_badge", "task_display", "queue_link", "run_at_display",
                                      "last_error_short")
     list_display_links = ("id", "task_display")
     list_filter: ClassVar[tuple[Any, ...]] = (StateFilter, QueueFilter, TaskFilter, HasErrorsFilter,
@@ -70,7 +70,7 @@ class JobAdmin(_JobAdminBase):
     list_per_page = 100
     show_full_result_count = False  # no second COUNT(*) of the whole table per page load
     paginator = EstimatedCountPaginator
-    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task_display", "queue", "run_at_display")
+    sortable_by: ClassVar[tuple[str, ...]] = ("id", "status_badge", "task_display", "queue_link", "run_at_display")
     actions = ["replay_selected", "cancel_selected", "delete_finished_selected", "retry_now_selected"]
     change_form_template = "admin/django_leasequeue/job/change_form.html"
     fieldsets = (
@@ -190,6 +190,12 @@ class JobAdmin(_JobAdminBase):
         parts = obj.task.split(".")
         return format_html_join(mark_safe("<wbr>"), "{}", ((p + ("." if i < len(parts) - 1 else ""),)
                                                 for i, p in enumerate(parts)))
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_link(self, obj: Job) -> str:
+        # The queue's page (admin/queues.py); reversing costs no statement.
+        return format_html('<a href="{}" class="lq-queue-link">{}</a>', reverse(f"admin:{APP}_queue", args=[obj.queue]),
+                           obj.queue)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:

@@ -37,10 +37,24 @@ unless an explicit aware ``now`` is passed (tests).
 
 Modules, one job each (every public name is importable from ``django_leasequeue.health``):
 ``report`` (the snapshot's data classes), ``thresholds`` (levels, limits and their parsers),
-``leases`` (the lease-advice figures and rule), ``collect`` (:func:`snapshot` and
+``leases`` (the lease-advice figures and rule), ``charts`` (the console's outcome series and
+latency percentiles, read from the outcome counters, never the job table), ``collect`` (:func:`snapshot` and
 :func:`lease_report`, read from the store) and ``checks`` (the verdicts on a report).
 """
 
+from .charts import (
+    LATENCY_WINDOWS,
+    RANGES,
+    Latency,
+    Point,
+    Quantile,
+    Series,
+    Timing,
+    histogram_quantile,
+    latency,
+    short_seconds,
+    throughput,
+)
 from .checks import CheckResult, Checks, evaluate, lease_checks, overall, stuck_workflows_message, unknown_queue_checks
 from .collect import SNAPSHOT_QUERIES, lease_report, process_infos, snapshot
 from .leases import FLAG_LOST_WHILE_HEALTHY, FLAG_P99_OVER_TIMEOUT, FLAG_UNREGISTERED, TaskLeaseStats, recommend
@@ -51,17 +65,26 @@ __all__ = [
     "FLAG_LOST_WHILE_HEALTHY",
     "FLAG_P99_OVER_TIMEOUT",
     "FLAG_UNREGISTERED",
+    "LATENCY_WINDOWS",
+    "RANGES",
     "SNAPSHOT_QUERIES",
     "CheckResult",
     "Checks",
+    "Latency",
     "Level",
+    "Point",
+    "Quantile",
     "QueueStats",
+    "Series",
     "Snapshot",
     "StuckWorkflow",
     "TaskLeaseStats",
     "Threshold",
+    "Timing",
     "WorkerInfo",
     "evaluate",
+    "histogram_quantile",
+    "latency",
     "lease_checks",
     "lease_report",
     "overall",
@@ -70,7 +93,9 @@ __all__ = [
     "parse_threshold",
     "process_infos",
     "recommend",
+    "short_seconds",
     "snapshot",
     "stuck_workflows_message",
+    "throughput",
     "unknown_queue_checks",
 ]

@@ -27,7 +27,8 @@ Where to look, and where a new statement goes:
 ``search``          the console's read-only previews of bulk actions and its filters' names
 ``stats``           the charts' outcome counters: the reaper's fold and roll-up, series and totals
 ``schedule``        the scheduler's statements and the lock of ``Schedule.save()``
-``read``            monitoring's read-only queries (health snapshot, lease report, one job)
+``read``            monitoring's read-only queries (health snapshot, lease report, one job, the
+                    workers page, the queue page)
 ``sequences``       the enqueue lock of a sequence key, skipping a dead job that halts its
                     sequence, the list of halted sequences
 ``workflows``       building workflows and batches (their rows, steps and dependency edges),
@@ -406,3 +407,8 @@ from .search import (  # noqa: E402
 
 __all__ += ["QUEUE_NAMES_DEAD", "QUEUE_NAMES_HOLDING", "TASK_NAMES_DEAD", "Preview", "SampleRow", "bulk_preview",
             "dead_queue_names", "dead_task_names", "queue_names_holding"]
+
+# The queue page's read-only statements (store/read.py): one queue's state and top errors, its schedules.
+from .read import QUEUE_STATE_ONE, QUEUE_TOP_ERRORS, queue_page_rows, queue_schedules  # noqa: E402
+
+__all__ += ["QUEUE_STATE_ONE", "QUEUE_TOP_ERRORS", "queue_page_rows", "queue_schedules"]

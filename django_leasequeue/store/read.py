@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from ..models import Dependency, Job, Workflow
+from ..models import Dependency, Job, Schedule, Workflow
 from ._db import (
     _JOB_COLUMN_LIST,
     CLOCK,
@@ -353,3 +353,60 @@ def workers_page_rows(*, limit: int, now: Any = None,
         cur.execute(RUNNING_JOBS, {"limit": int(limit)})
         job_rows = cur.fetchall()
     return clock_now, process_rows, job_rows
+
+
+# -- The queue page ---------------------------------------------------------------------------
+# One queue's operator state (paused, by whom and since when, claims cut short by its rate limit):
+# a primary-key read of the small queue table; no row means the queue was never paused or limited.
+QUEUE_STATE_ONE = f"""
+SELECT q.paused, q.paused_at, q.paused_by, q.throttled_total FROM {QUEUE_TABLE} q WHERE q.name = %(name)s
+"""
+
+# The largest groups of one queue's dead letters by task, error type and the first line of the
+# error message (cut to 200 characters), with the newest death of each. The dead rows come from
+# leasequeue_job_finished (status, finished_at) WHERE status IN (finished): the same dead rows the
+# dashboard's QUEUE_STATS counts per queue, never the retained done rows.
+QUEUE_TOP_ERRORS = f"""
+SELECT j.task, j.errors -> -1 ->> 'type' AS kind,
+       left(split_part(coalesce(j.errors -> -1 ->> 'message', ''), E'\\n', 1), 200) AS message,
+       count(*) AS n, max(j.finished_at) AS newest
+FROM {JOB_TABLE} j
+WHERE j.status = 'dead' AND j.queue = %(name)s
+GROUP BY 1, 2, 3
+ORDER BY n DESC, newest DESC, 1, 2, 3
+LIMIT %(limit)s
+"""
+
+
+def queue_page_rows(name: str, *, limit: int = 10, alias: str | None = None) -> tuple[Any, list[Any]]:
+    """Read the queue page's own figures in one read-only snapshot (two statements).
+
+    Args:
+        name: the queue name.
+        limit: error groups returned (the largest).
+        alias: database alias; default the job table's.
+
+    Returns:
+        ``(the QUEUE_STATE_ONE row (paused, paused_at, paused_by, throttled_total) or None,
+        QUEUE_TOP_ERRORS rows (task, error type or None, first line of the message, count, newest
+        death as an aware datetime), largest first)``.
+    """
+    with read_cursor(alias or db_alias()) as cur:
+        cur.execute(QUEUE_STATE_ONE, {"name": name})
+        state = cur.fetchone()
+        cur.execute(QUEUE_TOP_ERRORS, {"name": name, "limit": int(limit)})
+        errors = cur.fetchall()
+    return state, errors
+
+
+def queue_schedules(name: str, *, alias: str | None = None) -> list[Schedule]:
+    """The schedules that enqueue into queue ``name``, by name (one read of the schedule table).
+
+    Args:
+        name: the queue name.
+        alias: database alias; default the job table's.
+
+    Returns:
+        :class:`~django_leasequeue.models.Schedule` rows, enabled or not.
+    """
+    return list(Schedule.objects.using(alias or db_alias()).filter(queue=name).order_by("name"))

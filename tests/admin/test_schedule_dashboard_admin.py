@@ -156,9 +156,10 @@ def test_dashboard_shows_queue_figures_workers_and_tick(admin_client):
     assert "5 min" in html and "h:1:w" in html and "alive" in html
     assert "last scheduler tick:" in html and "never" not in html.split("last scheduler tick:")[1][:40]
     # The figures come from health.snapshot(): its statements (queues, processes, workflows)
-    # besides session and user.
+    # besides session and user; the chart and the latency table read the counters (one each).
     job_queries = [q for q in ctx.captured_queries if "leasequeue_" in q["sql"]]
-    assert len(job_queries) == health.SNAPSHOT_QUERIES == 3, [q["sql"][:80] for q in job_queries]
+    assert len(job_queries) == health.SNAPSHOT_QUERIES + 2 == 5, [q["sql"][:80] for q in job_queries]
+    assert sum("leasequeue_job_stat" in q["sql"] for q in job_queries) == 2
 
 
 def test_dashboard_is_in_the_admin_index(admin_client):

@@ -56,8 +56,13 @@ BEGIN
                     THEN greatest(extract(epoch FROM n.attempted_at - o.run_at)::float8, 0) END AS wait,
                CASE WHEN n.status = 'done' AND o.status = 'leased'
                     THEN greatest(extract(epoch FROM n.finished_at - o.attempted_at)::float8, 0) END AS run,
+               -- When the move happened, by the clock of the statement that made it (an injected
+               -- now included): the claim's attempted_at, the finish's finished_at, a retried
+               -- failure's error entry (its "at", written by the same statement).
                date_trunc('minute', CASE WHEN n.status = 'leased' THEN n.attempted_at
-                                         WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at END
+                                         WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at
+                                         WHEN n.status = 'ready' AND jsonb_typeof(n.errors) = 'array'
+                                         THEN (n.errors -> -1 ->> 'at')::timestamptz END
                                     AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS at
         FROM leasequeue_stat_new n JOIN leasequeue_stat_old o ON o.id = n.id
         WHERE o.status IS DISTINCT FROM n.status

@@ -69,16 +69,20 @@ def test_the_trigger_counts_claims_completions_failures_dead_letters_and_cancels
 def test_a_retried_failure_counts_as_failed_and_its_replay_changes_no_past_count():
     (job,) = new_jobs(1, max_attempts=2)
     (c,) = claim(1, T0)
-    assert store.job_fail(c.id, c.lease_version, error(1), retry_delay=1, now=T0)[0] == "ready"
-    (c,) = claim(1, T0 + timedelta(seconds=5))
-    assert store.job_fail(c.id, c.lease_version, error(2), retry_delay=1, now=T0 + timedelta(seconds=6))[0] == "dead"
+    assert store.job_fail(c.id, c.lease_version, error(1), retry_delay=1, now=T0 + timedelta(minutes=3))[0] == "ready"
+    # The retried failure is counted in the minute of the statement's clock (the injected now).
+    assert list(JobStat.objects.filter(failed__gt=0).values_list("bucket", "failed")) == [
+        (MINUTE + timedelta(minutes=3), 1)]
+    (c,) = claim(1, T0 + timedelta(minutes=3, seconds=5))
+    assert store.job_fail(c.id, c.lease_version, error(2), retry_delay=1,
+                          now=T0 + timedelta(minutes=3, seconds=6))[0] == "dead"
     before = totals()
     assert before == {"started": 2, "done": 0, "failed": 1, "dead": 1, "cancelled": 0, "waits": 2, "runs": 0}
 
-    assert store.job_replay([job.id], by="ops", now=T0 + timedelta(seconds=9)).replayed == [job.id]
+    assert store.job_replay([job.id], by="ops", now=T0 + timedelta(minutes=3, seconds=9)).replayed == [job.id]
     assert totals() == before  # dead -> ready counts nothing: the dead-letter rate stays what it was
-    (c,) = claim(1, T0 + timedelta(seconds=10))
-    store.job_complete([(c.id, c.lease_version, None)], now=T0 + timedelta(seconds=11))
+    (c,) = claim(1, T0 + timedelta(minutes=3, seconds=10))
+    store.job_complete([(c.id, c.lease_version, None)], now=T0 + timedelta(minutes=3, seconds=11))
     assert totals() == {**before, "started": 3, "done": 1, "waits": 3, "runs": 1}
 
 

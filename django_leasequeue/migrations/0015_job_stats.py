@@ -38,6 +38,17 @@ CREATE AGGREGATE leasequeue_hist_sum(jsonb) (
     SFUNC = leasequeue_hist_add, STYPE = jsonb, INITCOND = '{}'
 );
 
+-- The timestamp a failure's error entry carries, or NULL when it is not one (a hand-written entry):
+-- the trigger must never make a job's UPDATE fail, so a value that does not parse is no time.
+CREATE OR REPLACE FUNCTION leasequeue_stat_time(v text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $fn$
+BEGIN
+    RETURN v::timestamptz;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END;
+$fn$;
+
 CREATE OR REPLACE FUNCTION leasequeue_job_stat_count() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -56,8 +67,13 @@ BEGIN
                     THEN greatest(extract(epoch FROM n.attempted_at - o.run_at)::float8, 0) END AS wait,
                CASE WHEN n.status = 'done' AND o.status = 'leased'
                     THEN greatest(extract(epoch FROM n.finished_at - o.attempted_at)::float8, 0) END AS run,
+               -- A retried failure has no time column of its own: its moment is the "at" of the
+               -- error the failing statement just appended (that statement's clock, injected or not).
                date_trunc('minute', CASE WHEN n.status = 'leased' THEN n.attempted_at
-                                         WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at END
+                                         WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at
+                                         WHEN n.status = 'ready' AND o.status = 'leased'
+                                              AND jsonb_typeof(n.errors) = 'array'
+                                         THEN leasequeue_stat_time(n.errors -> -1 ->> 'at') END
                                     AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS at
         FROM leasequeue_stat_new n JOIN leasequeue_stat_old o ON o.id = n.id
         WHERE o.status IS DISTINCT FROM n.status
@@ -118,6 +134,7 @@ EXECUTE FUNCTION leasequeue_job_stat_count();
 DROP_STAT_SQL = r"""
 DROP TRIGGER IF EXISTS leasequeue_job_stat_count ON leasequeue_job;
 DROP FUNCTION IF EXISTS leasequeue_job_stat_count();
+DROP FUNCTION IF EXISTS leasequeue_stat_time(text);
 DROP AGGREGATE IF EXISTS leasequeue_hist_sum(jsonb);
 DROP FUNCTION IF EXISTS leasequeue_hist_add(jsonb, jsonb);
 """

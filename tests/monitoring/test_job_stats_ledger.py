@@ -9,9 +9,11 @@ import pytest
 from django.db import connection
 from flowlab.tasks import rated_noop
 
-from django_leasequeue import store
+from django_leasequeue import Workflow, store
 from django_leasequeue.enqueueing import build_job
 from django_leasequeue.models import Job, JobStat
+from django_leasequeue.testing import drain
+from tests.workflows.wf_tasks import add, flaky
 
 pytestmark = pytest.mark.django_db
 
@@ -97,3 +99,21 @@ def test_every_path_that_moves_a_job_counts_once_in_the_minute_of_its_statement(
     store.job_complete([(cf.id, cf.lease_version, None)], now=at(38))
     assert sorted(Job.objects.values_list("status", flat=True)) == ["cancelled"] * 3 + ["done"] * 4
     assert rows() == [(MINUTE, 12, 4, 3, 1, 3)]
+
+
+def test_the_settle_triggers_cascade_counts_each_cancelled_dependent_once():
+    # a dies; its dependents b, c (behind b) and d are cancelled by the settle trigger, inside the
+    # statement that dead-letters a (trigger statements inside the failing statement's trigger).
+    wf = Workflow(on_dependency_dead="cancel")
+    wf.add("a", flaky.step(1, fail=True))
+    wf.add("b", add.step(1), depends_on=["a"])
+    wf.add("c", add.step(2), depends_on=["b"])
+    wf.add("d", add.step(3), depends_on=["a", "side"])
+    wf.add("side", add.step(4))
+    wf.add("after_side", add.step(5), depends_on=["side"])
+    h = wf.enqueue()
+    drain(raise_failures=False)
+    assert sorted(j.status for j in h.steps().values()) == ["cancelled"] * 3 + ["dead"] + ["done"] * 2
+    by_task = {(t.task, t.started, t.done, t.failed, t.dead, t.cancelled)
+               for t in store.stat_totals(since=MINUTE - timedelta(days=400))}
+    assert by_task == {("tests.wfx.flaky", 1, 0, 0, 1, 0), ("tests.wfx.add", 2, 2, 0, 0, 3)}

@@ -117,3 +117,43 @@ def test_the_settle_triggers_cascade_counts_each_cancelled_dependent_once():
     by_task = {(t.task, t.started, t.done, t.failed, t.dead, t.cancelled)
                for t in store.stat_totals(since=MINUTE - timedelta(days=400))}
     assert by_task == {("tests.wfx.flaky", 1, 0, 0, 1, 0), ("tests.wfx.add", 2, 2, 0, 0, 3)}
+
+
+def set_zone(zone: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(f"SET TIME ZONE '{zone}'")
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Kathmandu"])
+def test_buckets_are_utc_epoch_bins_whatever_the_session_time_zone_and_its_daylight_saving(zone):
+    # 2026-11-01 05:30Z and 06:30Z are both 01:30 in New York (daylight saving ends between them);
+    # Kathmandu is UTC+5:45. The trigger and the fold run in a session of that zone; minutes, hours
+    # and days are UTC bins all the same. (The reads run in UTC: Django decodes timestamps as UTC.)
+    first, second = (datetime(2026, 11, 1, h, 30, 10, tzinfo=UTC) for h in (5, 6))
+    set_zone(zone)
+    try:
+        for now in (first, second):
+            new_jobs(1, run_at=now)
+            (c,) = claim(1, now)
+            store.job_fail(c.id, c.lease_version, error(1), retry_delay=0, now=now + timedelta(seconds=1))
+            (c,) = claim(1, now + timedelta(seconds=2))
+            store.job_complete([(c.id, c.lease_version, None)], now=now + timedelta(seconds=3))
+    finally:
+        set_zone("UTC")
+    since = first.replace(hour=0, minute=0, second=0)
+    minutes = [(p.bucket, p.started, p.done, p.failed) for p in store.stat_series(span=60, since=since)]
+    assert minutes == [(first.replace(second=0), 2, 1, 1), (second.replace(second=0), 2, 1, 1)]
+    set_zone(zone)
+    try:
+        store.stat_fold(retention=90 * 86400, now=second + timedelta(hours=3))
+    finally:
+        set_zone("UTC")
+    assert [(p.bucket, p.done) for p in store.stat_series(span=3600, since=since)] == [
+        (first.replace(minute=0, second=0), 1), (second.replace(minute=0, second=0), 1)]
+    set_zone(zone)
+    try:
+        store.stat_fold(retention=90 * 86400, now=second + timedelta(days=2))
+    finally:
+        set_zone("UTC")
+    [day] = JobStat.objects.all()
+    assert (day.span, day.bucket, day.started, day.done, day.failed) == (86400, since, 4, 2, 2)

@@ -4,7 +4,9 @@
 # a statement-level AFTER UPDATE trigger reads the statement's transition tables (the rows before
 # and after) and adds, per minute, queue and task, the claims (with their wait from due to claim),
 # completions (with their run time from claim to done), retried failures, dead letters and
-# cancellations. One trigger covers every path that moves a job: claims, the completer's batched
+# cancellations, each in the minute of the statement that made it (by that statement's clock,
+# injected or not: the claim's attempted_at, the finish's finished_at, a retried failure's error
+# "at"). One trigger covers every path that moves a job: claims, the completer's batched
 # completions, fenced_atomic() commits, failures, the reaper, the operator's cancels; a replay
 # moves a job from dead to ready and so changes no past count (the dead-letter rate of the last
 # hour stays what it was).

@@ -65,9 +65,13 @@ BEGIN
                              > CASE WHEN jsonb_typeof(o.errors) = 'array' THEN jsonb_array_length(o.errors) ELSE 0 END
                     THEN 'failed'
                END AS kind,
+               -- greatest() clips a negative span (two sessions' clock offsets) to 0, but it would
+               -- also turn a missing time (NULL: a row written by hand) into 0 s: no time, no span.
                CASE WHEN n.status = 'leased' AND o.status = 'ready'
+                         AND n.attempted_at IS NOT NULL AND o.run_at IS NOT NULL
                     THEN greatest(extract(epoch FROM n.attempted_at - o.run_at)::float8, 0) END AS wait,
                CASE WHEN n.status = 'done' AND o.status = 'leased'
+                         AND n.finished_at IS NOT NULL AND o.attempted_at IS NOT NULL
                     THEN greatest(extract(epoch FROM n.finished_at - o.attempted_at)::float8, 0) END AS run,
                -- A retried failure has no time column of its own: its moment is the "at" of the
                -- error the failing statement just appended (that statement's clock, injected or not).

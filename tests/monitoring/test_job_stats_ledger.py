@@ -157,3 +157,14 @@ def test_buckets_are_utc_epoch_bins_whatever_the_session_time_zone_and_its_dayli
         set_zone("UTC")
     [day] = JobStat.objects.all()
     assert (day.span, day.bucket, day.started, day.done, day.failed) == (86400, since, 4, 2, 2)
+
+
+def test_a_job_finished_by_hand_without_finished_at_counts_done_now_without_a_run_time():
+    (job,) = new_jobs(1)
+    claim(1, T0)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE leasequeue_job SET status = 'done', leased_until = NULL, finished_at = NULL WHERE id = %s",
+                    [job.id])
+    [t] = store.stat_totals(since=MINUTE)
+    assert (t.started, t.done, t.run_hist, t.run_sum) == (1, 1, {}, 0.0)  # a mean run time divides by the histogram
+    assert [r[0] > MINUTE + timedelta(days=30) for r in rows()] == [False, True]

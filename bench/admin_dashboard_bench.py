@@ -1,4 +1,5 @@
-"""Time the admin's pages on a job table of 1,000,000 rows: queries per page and wall time.
+"""Time the admin's pages on a job table of 1,000,000 rows (``--rows``): queries per page and wall time,
+and the chart reads on the counters table of a busy installation.
 
 Usage (from the repository root; use a database of its own: the job table is truncated)::
 
@@ -139,7 +140,12 @@ def main() -> int:
     client.force_login(user)
     some_dead = Job.objects.filter(status="dead").order_by("-id").values_list("id", flat=True).first()
     pages = {
-        "queue dashboard": reverse("admin:django_leasequeue_dashboard_changelist"),
+        "queue dashboard (charts: last hour)": reverse("admin:django_leasequeue_dashboard_changelist"),
+        "queue dashboard, range=day latency=day": reverse("admin:django_leasequeue_dashboard_changelist")
+        + "?range=day&latency=day",
+        "queue dashboard, range=month": reverse("admin:django_leasequeue_dashboard_changelist") + "?range=month",
+        "queue page q3": reverse("admin:django_leasequeue_queue", args=["q3"]),
+        "queue page q3, range=month": reverse("admin:django_leasequeue_queue", args=["q3"]) + "?range=month",
         "job list": reverse("admin:django_leasequeue_job_changelist"),
         "job list, status=dead": reverse("admin:django_leasequeue_job_changelist") + "?status=dead",
         "job list, queue=q3 task=bench.task_3": reverse("admin:django_leasequeue_job_changelist")
@@ -165,6 +171,22 @@ def main() -> int:
         sql = " ".join(slowest["sql"].split())
         print(f"{name:40} {len(queries):>7} {statistics.median(runs):>7.0f} ms {max(runs):>6.0f} ms"
               f"  {float(slowest['time']) * 1000:.0f} ms: {sql[:90]}")
+    print(f"\n{'chart read (health.charts)':40} {'queries':>7} {'median':>9} {'max':>9}")
+    from django_leasequeue import health
+
+    reads = {f"throughput({period!r})": (lambda p=period: health.throughput(p)) for period in ("hour", "day", "month")}
+    reads |= {f"throughput({period!r}, queue='q3')": (lambda p=period: health.throughput(p, queue="q3"))
+              for period in ("hour", "month")}
+    reads |= {f"latency({period!r})": (lambda p=period: health.latency(p)) for period in ("hour", "day")}
+    for name, read in reads.items():
+        with CaptureQueriesContext(connection) as ctx:
+            read()
+        runs = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            read()
+            runs.append((time.perf_counter() - started) * 1000)
+        print(f"{name:40} {len(ctx.captured_queries):>7} {statistics.median(runs):>7.1f} ms {max(runs):>6.1f} ms")
     print("\n(times are whole requests through Django's test client, rendering included; the first "
           "request of each page warms the cache and is not counted)")
     return 0

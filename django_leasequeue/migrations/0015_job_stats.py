@@ -4,7 +4,9 @@
 # a statement-level AFTER UPDATE trigger reads the statement's transition tables (the rows before
 # and after) and adds, per minute, queue and task, the claims (with their wait from due to claim),
 # completions (with their run time from claim to done), retried failures, dead letters and
-# cancellations. One trigger covers every path that moves a job: claims, the completer's batched
+# cancellations, each in the minute of the statement that made it (by that statement's clock,
+# injected or not: the claim's attempted_at, the finish's finished_at, a retried failure's error
+# "at"). One trigger covers every path that moves a job: claims, the completer's batched
 # completions, fenced_atomic() commits, failures, the reaper, the operator's cancels; a replay
 # moves a job from dead to ready and so changes no past count (the dead-letter rate of the last
 # hour stays what it was).
@@ -38,6 +40,17 @@ CREATE AGGREGATE leasequeue_hist_sum(jsonb) (
     SFUNC = leasequeue_hist_add, STYPE = jsonb, INITCOND = '{}'
 );
 
+-- The timestamp a failure's error entry carries, or NULL when it is not one (a hand-written entry):
+-- the trigger must never make a job's UPDATE fail, so a value that does not parse is no time.
+CREATE OR REPLACE FUNCTION leasequeue_stat_time(v text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $fn$
+BEGIN
+    RETURN v::timestamptz;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END;
+$fn$;
+
 CREATE OR REPLACE FUNCTION leasequeue_job_stat_count() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -52,17 +65,21 @@ BEGIN
                              > CASE WHEN jsonb_typeof(o.errors) = 'array' THEN jsonb_array_length(o.errors) ELSE 0 END
                     THEN 'failed'
                END AS kind,
+               -- greatest() clips a negative span (two sessions' clock offsets) to 0, but it would
+               -- also turn a missing time (NULL: a row written by hand) into 0 s: no time, no span.
                CASE WHEN n.status = 'leased' AND o.status = 'ready'
+                         AND n.attempted_at IS NOT NULL AND o.run_at IS NOT NULL
                     THEN greatest(extract(epoch FROM n.attempted_at - o.run_at)::float8, 0) END AS wait,
                CASE WHEN n.status = 'done' AND o.status = 'leased'
+                         AND n.finished_at IS NOT NULL AND o.attempted_at IS NOT NULL
                     THEN greatest(extract(epoch FROM n.finished_at - o.attempted_at)::float8, 0) END AS run,
-               -- When the move happened, by the clock of the statement that made it (an injected
-               -- now included): the claim's attempted_at, the finish's finished_at, a retried
-               -- failure's error entry (its "at", written by the same statement).
+               -- A retried failure has no time column of its own: its moment is the "at" of the
+               -- error the failing statement just appended (that statement's clock, injected or not).
                date_trunc('minute', CASE WHEN n.status = 'leased' THEN n.attempted_at
                                          WHEN n.status IN ('done', 'dead', 'cancelled') THEN n.finished_at
-                                         WHEN n.status = 'ready' AND jsonb_typeof(n.errors) = 'array'
-                                         THEN (n.errors -> -1 ->> 'at')::timestamptz END
+                                         WHEN n.status = 'ready' AND o.status = 'leased'
+                                              AND jsonb_typeof(n.errors) = 'array'
+                                         THEN leasequeue_stat_time(n.errors -> -1 ->> 'at') END
                                     AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS at
         FROM leasequeue_stat_new n JOIN leasequeue_stat_old o ON o.id = n.id
         WHERE o.status IS DISTINCT FROM n.status
@@ -123,6 +140,7 @@ EXECUTE FUNCTION leasequeue_job_stat_count();
 DROP_STAT_SQL = r"""
 DROP TRIGGER IF EXISTS leasequeue_job_stat_count ON leasequeue_job;
 DROP FUNCTION IF EXISTS leasequeue_job_stat_count();
+DROP FUNCTION IF EXISTS leasequeue_stat_time(text);
 DROP AGGREGATE IF EXISTS leasequeue_hist_sum(jsonb);
 DROP FUNCTION IF EXISTS leasequeue_hist_add(jsonb, jsonb);
 """

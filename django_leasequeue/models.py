@@ -207,6 +207,10 @@ class Job(models.Model):
             # Monitoring: the waiting jobs per queue (dependencies not finished). Only those rows,
             # so the health snapshot counts them without reading the retained finished rows.
             models.Index(fields=["queue"], name="leasequeue_job_waiting", condition=Q(status="waiting")),
+            # The dead letters per queue (the dashboard's and a queue page's dead count, the queue
+            # filter of Dead letters): an index-only count, where the finished index (status,
+            # finished_at) had to visit every dead row's heap page to read its queue.
+            models.Index(fields=["queue", "finished_at"], name="leasequeue_job_dead", condition=Q(status="dead")),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -183,4 +183,10 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunSQL(STAT_SQL, DROP_STAT_SQL),
+        # The dead letters per queue, index-only (see models.Job.Meta.indexes).
+        migrations.AddIndex(
+            model_name='job',
+            index=models.Index(condition=models.Q(('status', 'dead')), fields=['queue', 'finished_at'],
+                               name='leasequeue_job_dead'),
+        ),
     ]

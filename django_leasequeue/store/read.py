@@ -35,7 +35,7 @@ from ._db import (
 #   ready  -> leasequeue_job_ready (queue, priority, run_at, id) WHERE status = 'ready'
 #   leased -> leasequeue_job_leased WHERE status = 'leased' (few rows: running jobs)
 #   waiting -> leasequeue_job_waiting (queue) WHERE status = 'waiting' (dependencies not finished)
-#   dead -> leasequeue_job_finished (status, finished_at) WHERE status IN (finished)
+#   dead -> leasequeue_job_dead (queue, finished_at) WHERE status = 'dead' (index-only)
 # The done and dead counts of the recent windows come from the chart counters (leasequeue_job_stat,
 # store/stats.py), not from the finished rows: a replayed dead letter is no longer dead, and
 # counting rows would lower "dead in the last 5 minutes" after the fact; the counters also cost the

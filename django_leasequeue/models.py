@@ -73,6 +73,34 @@ STAT_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.
 STAT_SPANS = (60, 3600, 86400)
 
 
+def zero_histogram() -> list[int]:
+    """An empty wait or run histogram of :class:`JobStat`: one zero per bucket of ``STAT_BOUNDS``."""
+    return [0] * (len(STAT_BOUNDS) + 1)
+
+
+class HistogramField(models.Field):  # type: ignore[type-arg]
+    """A ``bigint[]`` column of bucket counts (a list of ints in Python; psycopg adapts both ways).
+
+    Django's ``ArrayField`` would do, but it requires ``django.contrib.postgres`` in
+    ``INSTALLED_APPS``, a step every project would have to add for one column it never queries.
+    """
+
+    description = "bucket counts (bigint[])"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("default", zero_histogram)
+        super().__init__(*args, **kwargs)
+
+    def db_type(self, connection: Any) -> str:
+        return "bigint[]"
+
+    def deconstruct(self) -> Any:
+        name, path, args, kwargs = super().deconstruct()
+        if kwargs.get("default") is zero_histogram:
+            del kwargs["default"]
+        return name, path, args, kwargs
+
+
 class DependencyPolicy(models.TextChoices):
     """What a waiting job does when one of its dependencies ends ``dead`` (or ``cancelled``)."""
 
@@ -614,9 +642,9 @@ class JobStat(models.Model):
     ``STATS_RETENTION``. Every event is in exactly one row at any time, so a sum over the rows of a
     window is exact whatever their spans.
 
-    The histograms are sparse JSON objects ``{"<bucket index>": count}`` over ``STAT_BOUNDS``
-    (seconds): index ``i`` counts values below ``STAT_BOUNDS[i]`` and at least the bound before it;
-    the last index counts values from the last bound up.
+    The histograms are lists of ``len(STAT_BOUNDS) + 1`` counts over ``STAT_BOUNDS`` (seconds):
+    element ``i`` counts values below ``STAT_BOUNDS[i]`` and at least the bound before it; the last
+    element counts values from the last bound up.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -631,9 +659,9 @@ class JobStat(models.Model):
     dead = models.BigIntegerField(default=0, help_text="jobs dead-lettered")
     cancelled = models.BigIntegerField(default=0)
     wait_sum = models.FloatField(default=0.0, help_text="seconds from due to claim, summed over claims")
-    wait_hist = models.JSONField(default=dict)
+    wait_hist = HistogramField()
     run_sum = models.FloatField(default=0.0, help_text="seconds from claim to done, summed over done jobs")
-    run_hist = models.JSONField(default=dict)
+    run_hist = HistogramField()
 
     class Meta:
         db_table = "leasequeue_job_stat"

@@ -30,6 +30,19 @@ STAT_FOLD_LOCK = 0x6C71_7374  # "lqst"
 # (a day's rows all go to days, or all are dropped; an hour's rows all go to hours or all to days).
 # The rows are locked in key order, the order in which the trigger's upserts take them; a row a
 # writer still holds (a fenced_atomic() transaction not yet committed) is skipped until a later sweep.
+# The histograms are bigint arrays of len(STAT_BOUNDS) + 1 counts (JobStat): summed over rows and
+# added on conflict element by element, in plain expressions (no function call per row).
+_SLOTS = range(1, len(STAT_BOUNDS) + 2)
+
+
+def _summed(column: str) -> str:
+    return "ARRAY[" + ", ".join(f"sum({column}[{i}])" for i in _SLOTS) + "]::bigint[]"
+
+
+def _added(column: str) -> str:
+    return "ARRAY[" + ", ".join(f"s.{column}[{i}] + EXCLUDED.{column}[{i}]" for i in _SLOTS) + "]::bigint[]"
+
+
 # The span a row belongs in now (NULL: past the retention), over the cut-offs of STAT_FOLD's ``cut``.
 _TO_SPAN = ("CASE WHEN s.bucket < cut.kept_from THEN NULL "
             "WHEN s.bucket < cut.days_before THEN 86400 "
@@ -63,7 +76,7 @@ added AS (
          wait_sum, wait_hist, run_sum, run_hist)
     SELECT to_timestamp(floor(extract(epoch FROM m.bucket) / m.to_span) * m.to_span), m.to_span, m.queue, m.task, 0,
            sum(m.started), sum(m.done), sum(m.failed), sum(m.dead), sum(m.cancelled),
-           sum(m.wait_sum), leasequeue_hist_sum(m.wait_hist), sum(m.run_sum), leasequeue_hist_sum(m.run_hist)
+           sum(m.wait_sum), {_summed("m.wait_hist")}, sum(m.run_sum), {_summed("m.run_hist")}
     FROM moved m WHERE m.to_span IS NOT NULL
     GROUP BY 1, 2, 3, 4
     ORDER BY 2, 1, 3, 4
@@ -71,8 +84,8 @@ added AS (
     SET started = s.started + EXCLUDED.started, done = s.done + EXCLUDED.done,
         failed = s.failed + EXCLUDED.failed, dead = s.dead + EXCLUDED.dead,
         cancelled = s.cancelled + EXCLUDED.cancelled,
-        wait_sum = s.wait_sum + EXCLUDED.wait_sum, wait_hist = leasequeue_hist_add(s.wait_hist, EXCLUDED.wait_hist),
-        run_sum = s.run_sum + EXCLUDED.run_sum, run_hist = leasequeue_hist_add(s.run_hist, EXCLUDED.run_hist)
+        wait_sum = s.wait_sum + EXCLUDED.wait_sum, wait_hist = {_added("wait_hist")},
+        run_sum = s.run_sum + EXCLUDED.run_sum, run_hist = {_added("run_hist")}
     RETURNING 1
 )
 SELECT (SELECT held FROM lock), (SELECT count(*) FROM moved), (SELECT count(*) FROM moved WHERE to_span IS NULL),
@@ -153,17 +166,10 @@ def stat_series(*, span: int, since: datetime, queue: str | None = None,
     return [StatPoint(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows]
 
 
-# Totals and merged histograms per queue and task from ``since`` on (any span).
-# The histograms are merged by summing each bucket index as its own column (the indexes are the
-# len(STAT_BOUNDS) + 1 keys 0..14 of width_bucket), one HashAggregate over the picked rows: no
-# set-returning function per row, whose default estimate of 100 rows each pushed a month of counter
-# rows past the JIT threshold and into a sort of every (bucket index, count) pair, nor a custom
-# aggregate that rebuilds a jsonb object per row.
-_BUCKETS = range(len(STAT_BOUNDS) + 1)
+# Totals and merged histograms per queue and task from ``since`` on (any span): one hash aggregate.
 STAT_LATENCY = f"""
 SELECT s.queue, s.task, sum(s.started), sum(s.done), sum(s.failed), sum(s.dead), sum(s.cancelled),
-       sum(s.wait_sum), ARRAY[{", ".join(f"sum((s.wait_hist ->> '{i}')::bigint)" for i in _BUCKETS)}],
-       sum(s.run_sum), ARRAY[{", ".join(f"sum((s.run_hist ->> '{i}')::bigint)" for i in _BUCKETS)}]
+       sum(s.wait_sum), {_summed("s.wait_hist")}, sum(s.run_sum), {_summed("s.run_hist")}
 FROM {STAT_TABLE} s
 WHERE s.bucket >= %(since)s AND (%(queue)s::text IS NULL OR s.queue = %(queue)s)
 GROUP BY 1, 2 ORDER BY 1, 2
@@ -189,7 +195,7 @@ class StatTotals:
 
 
 def _hist(sums: list[Any]) -> dict[int, int]:
-    """The per-index sums of STAT_LATENCY as a sparse histogram (indexes without counts left out)."""
+    """The summed histogram of STAT_LATENCY as a sparse one, ``{index: count}`` (empty buckets left out)."""
     return {i: int(n) for i, n in enumerate(sums) if n}
 
 

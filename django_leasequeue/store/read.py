@@ -91,11 +91,15 @@ SELECT c.now, n.queue,
        coalesce(r.ready_due, 0), coalesce(r.scheduled, 0), coalesce(l.leased, 0), coalesce(d.dead, 0),
        coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
        coalesce(x.done_short, 0), coalesce(x.dead_short, 0), coalesce(x.done_long, 0), coalesce(x.dead_long, 0),
-       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age
+       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age, sw.tick
 FROM clock c
 -- Seconds since any process last swept expired leases (workers sweep too, unless --no-reaper),
--- by the real clock the sweep stamps it with; null: no sweep ever ran.
-LEFT JOIN (SELECT greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 AS age
+-- by the real clock the sweep stamps it with; null: no sweep ever ran (no row, or the -infinity a
+-- scheduler's tick writes into a row no sweep has written yet). And the last scheduler tick
+-- (database clock), which outlives the scheduler's process row.
+LEFT JOIN (SELECT CASE WHEN isfinite(last_sweep_at)
+                       THEN greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 END AS age,
+                  scheduler_tick_at AS tick
            FROM {SWEEP_TABLE} WHERE id = 1) sw ON true
 LEFT JOIN names n ON true
 LEFT JOIN ready r ON r.queue = n.queue

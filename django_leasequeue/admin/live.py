@@ -15,8 +15,11 @@ The mechanism, for any page (the dashboard, the workers page and the workflow pa
    the page rendered. The endpoint must cost no more statements than the page.
 3. **Include the bar.** ``{% include "admin/django_leasequeue/_live.html" with live_url=... %}`` in
    the page's template: it renders the "Live" bar (a Pause/Resume button and "updated HH:MM:SS")
-   and loads ``django_leasequeue/live.js``. Pass ``live_interval`` (seconds, default
-   :data:`DEFAULT_INTERVAL`) to poll at another rate.
+   and loads ``django_leasequeue/live.js``. Pass ``live_at`` (the aware datetime of the page's
+   figures, for the first "updated"; optional) and ``live_interval`` (seconds, default
+   :data:`DEFAULT_INTERVAL`) to poll at another rate. An element with
+   ``data-live-class="lq-status lq-{}"`` also gets that class with ``{}`` replaced by its new text
+   (a status badge).
 
 ``live.js`` (no framework, no CDN) polls the URL every ``live_interval`` seconds while the tab is
 visible and the operator has not paused, sets the ``textContent`` of each marked element whose key

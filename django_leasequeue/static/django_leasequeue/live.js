@@ -40,7 +40,7 @@
       button.setAttribute('aria-pressed', paused ? 'true' : 'false');
       bar.classList.toggle('lq-live-off', paused || stopped);
       if (!stopped) {
-        status.textContent = (paused ? 'paused · ' : 'live every ' + seconds + ' s · ') + 'updated ' + updated;
+        status.textContent = (paused ? 'paused' : 'live every ' + seconds + ' s') + (updated ? ' · updated ' + updated : '');
       }
     }
 
@@ -63,6 +63,11 @@
         if (el.textContent !== text) { el.textContent = text; }
         var cls = el.getAttribute('data-live-nonzero');
         if (cls) { el.classList.toggle(cls, text !== '0'); }
+        var template = el.getAttribute('data-live-class');  // "lq-status lq-{}": the class follows the text
+        if (template && el.getAttribute('class') !== template.replace('{}', text)) {
+          el.setAttribute('class', template.replace('{}', text));
+          el.style.color = '';  // a colour set with the first text would contradict the new class
+        }
       }
       for (var k in values) {
         if (k !== 'at' && Object.prototype.hasOwnProperty.call(values, k) && !seen[k]) { changed = true; }

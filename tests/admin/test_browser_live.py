@@ -92,6 +92,30 @@ def test_a_new_queue_asks_for_a_reload_and_a_refused_poll_stops(live_server, ops
         ops.save()
         page.clock.run_for(5_000)
         page.wait_for_function("document.querySelector('.lq-live-status').textContent.includes('permission denied')")
+        assert page.locator(".lq-live .lq-live-toggle").inner_text() == "Resume updates"
+        page.clock.run_for(60_000)
+        assert "permission denied" in page.inner_text(".lq-live-status")  # no poll after a refusal
+
+
+def test_a_workflow_steps_status_badge_follows_its_text(live_server, ops):
+    from django_leasequeue import chain
+
+    from .test_workflow_admin import complete, step, steps_of
+
+    handle = chain(step.step(1), step.step(), name="live chain").enqueue()
+    first, _ = steps_of(handle)
+    badge = f"[data-live='j:{first}:status']"
+    for page in browser.open_browser(browser.WIDTHS["phone"]):
+        browser.log_in(page, live_server.url)
+        page.evaluate("window.localStorage.clear()")
+        page.clock.install()
+        page.goto(f"{live_server.url}/admin/django_leasequeue/workflow/{handle.id}/change/")
+        assert page.inner_text(badge) == "ready" and page.inner_text("#lq-progress") == "0/2 done"
+        complete(first)
+        page.clock.run_for(5_000)
+        page.wait_for_function("(sel) => document.querySelector(sel).textContent === 'done'", arg=badge)
+        assert page.get_attribute(badge, "class") == "lq-status lq-done"
+        assert page.inner_text("#lq-progress") == "1/2 done"
 
 
 @pytest.mark.parametrize("width", sorted(browser.WIDTHS.values()))

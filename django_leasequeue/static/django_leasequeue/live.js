@@ -36,8 +36,8 @@
     var updated = clock(bar.getAttribute('data-live-at'));
 
     function show() {
-      button.textContent = paused ? 'Resume updates' : 'Pause updates';
-      button.setAttribute('aria-pressed', paused ? 'true' : 'false');
+      button.textContent = paused || stopped ? 'Resume updates' : 'Pause updates';
+      button.setAttribute('aria-pressed', paused || stopped ? 'true' : 'false');
       bar.classList.toggle('lq-live-off', paused || stopped);
       if (!stopped) {
         status.textContent = (paused ? 'paused' : 'live every ' + seconds + ' s') + (updated ? ' · updated ' + updated : '');
@@ -78,8 +78,8 @@
     function fail(text, fatal) {
       stopped = fatal;
       bar.classList.add('lq-live-failed');
-      status.textContent = text;
       show();
+      status.textContent = text;
     }
 
     function poll() {
@@ -108,6 +108,13 @@
     }
 
     button.addEventListener('click', function () {
+      if (stopped && !paused) {  // after a refused poll: Resume tries again
+        stopped = false;
+        bar.classList.remove('lq-live-failed');
+        show();
+        poll();
+        return;
+      }
       paused = !paused;
       setPaused(paused);
       if (!paused) { stopped = false; bar.classList.remove('lq-live-failed'); }

@@ -13,6 +13,7 @@ from ._db import (
     CLOCK,
     CLOCK_WAKING,
     JOB_TABLE,
+    NEVER_SWEPT,
     PROCESS_TABLE,
     SWEEP_TABLE,
     TOKEN_MAX,
@@ -49,7 +50,7 @@ WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
 sweep AS MATERIALIZED (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
     ON CONFLICT (id) DO UPDATE SET
-        resumed_at = CASE WHEN NOT isfinite(s.last_sweep_at) THEN s.resumed_at  -- no sweep yet: the first one
+        resumed_at = CASE WHEN s.last_sweep_at = {NEVER_SWEPT} THEN s.resumed_at  -- no sweep yet: the first one
                           WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
                             OR s.last_sweep_at > EXCLUDED.last_sweep_at + make_interval(secs => %(silence)s::float8)
                           THEN EXCLUDED.last_sweep_at
@@ -224,14 +225,14 @@ ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, host = EXCLUDED.host, pid =
 # when it dies, and monitoring must still say how long ago the last tick was. In the same statement
 # so both stamps agree and a tick costs no extra round trip; a plain heartbeat (tick false) inserts
 # nothing and takes no lock on that row. Before any sweep the row does not exist: it is created
-# with last_sweep_at = -infinity, which every reader of last_sweep_at takes as "never swept" (the
+# with last_sweep_at = NEVER_SWEPT, which every reader of last_sweep_at takes as "never swept" (the
 # reaper's sweep as its first, the health snapshot as no sweep), because a real time there would
 # claim a sweep that never happened.
 PROCESS_HEARTBEAT = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 tick AS (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, scheduler_tick_at)
-    SELECT 1, '-infinity'::timestamptz, clock.now FROM clock WHERE %(tick)s
+    SELECT 1, {NEVER_SWEPT}, clock.now FROM clock WHERE %(tick)s
     ON CONFLICT (id) DO UPDATE SET scheduler_tick_at = EXCLUDED.scheduler_tick_at
 )
 UPDATE {PROCESS_TABLE} p SET last_heartbeat_at = clock.now,

@@ -20,6 +20,7 @@ from ._db import (
     _JOB_COLUMN_LIST,
     CLOCK,
     JOB_TABLE,
+    NEVER_SWEPT,
     PROCESS_TABLE,
     QUEUE_TABLE,
     SWEEP_TABLE,
@@ -94,10 +95,10 @@ SELECT c.now, n.queue,
        coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age, sw.tick
 FROM clock c
 -- Seconds since any process last swept expired leases (workers sweep too, unless --no-reaper),
--- by the real clock the sweep stamps it with; null: no sweep ever ran (no row, or the -infinity a
--- scheduler's tick writes into a row no sweep has written yet). And the last scheduler tick
+-- by the real clock the sweep stamps it with; null: no sweep ever ran (no row, or the NEVER_SWEPT
+-- a scheduler's tick writes into a row no sweep has written yet). And the last scheduler tick
 -- (database clock), which outlives the scheduler's process row.
-LEFT JOIN (SELECT CASE WHEN isfinite(last_sweep_at)
+LEFT JOIN (SELECT CASE WHEN last_sweep_at <> {NEVER_SWEPT}
                        THEN greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 END AS age,
                   scheduler_tick_at AS tick
            FROM {SWEEP_TABLE} WHERE id = 1) sw ON true

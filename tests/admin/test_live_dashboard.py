@@ -3,7 +3,7 @@ reaping gauges (bug 14), its footer (bug 15) and the admin log of pause and resu
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -159,7 +159,10 @@ def test_a_tick_before_any_sweep_claims_no_sweep_and_the_first_sweep_is_a_first_
     snap = health.snapshot()
     assert snap.reaper_last_sweep_age_seconds is None
     assert snap.scheduler_last_tick_age_seconds == pytest.approx(0, abs=0.4)
-    assert snap.scheduler_last_tick_at == ReaperSweep.objects.values_list("scheduler_tick_at", flat=True).get()
+    # The row loads through the ORM; its sweep time is the epoch, store.NEVER_SWEPT.
+    record = ReaperSweep.objects.get()
+    assert snap.scheduler_last_tick_at == record.scheduler_tick_at
+    assert record.last_sweep_at == datetime(1970, 1, 1, tzinfo=UTC) and record.resumed_at is None
     assert ("leasequeue_reaper_last_sweep_age_seconds", ()) not in gauges()
     # The sweep after it is the first: no outage is declared, the expired lease is taken back now.
     assert [r.id for r in store.job_reap_expired(silence=10.0)] == [job.pk]

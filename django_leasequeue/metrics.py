@@ -22,8 +22,9 @@ time, so take them as they are rather than through ``rate()``):
                                                         reaper: ``runreaper`` only; workers reap too)
 ``leasequeue_reaper_last_sweep_age_seconds``            seconds since any process (a worker or a
                                                         reaper) swept expired leases; absent: never
-``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick;
-                                                        absent when no tick is recorded
+``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick, kept
+                                                        after the scheduler stopped; absent when no
+                                                        tick was ever recorded
 ``leasequeue_stuck_handlers``                           handlers past their task's timeout, still
                                                         running (thread mode; from the job rows)
 ``leasequeue_workflows_unfinished``                     workflows and batches not finished (open
@@ -102,7 +103,10 @@ class HealthCollector:
         yield GaugeMetricFamily("leasequeue_workers_alive",
                                 f"Worker processes whose heartbeat is at most {snap.alive_within:g} s old",
                                 value=snap.workers_alive)
-        processes = GaugeMetricFamily("leasequeue_processes_alive", "Alive registered processes by kind",
+        # Bug 14: kind="reaper" is 0 while the workers do the reaping; the help says where to look.
+        processes = GaugeMetricFamily("leasequeue_processes_alive",
+                                      "Alive registered processes by kind (kind reaper counts runreaper processes "
+                                      "only: workers sweep too, so alert on leasequeue_reaper_last_sweep_age_seconds)",
                                       labels=["kind"])
         # The standard kinds are always present, so "== 0" alerts fire when the last one is gone.
         alive = {kind: 0 for kind in _KINDS} | snap.alive_by_kind
@@ -117,7 +121,8 @@ class HealthCollector:
                                     value=snap.reaper_last_sweep_age_seconds)
         if snap.scheduler_last_tick_age_seconds is not None:
             yield GaugeMetricFamily("leasequeue_scheduler_last_tick_age_seconds",
-                                    "Seconds since the last scheduler tick (absent: no tick recorded)",
+                                    "Seconds since the last scheduler tick, also after the scheduler stopped "
+                                    "(absent: no tick ever recorded)",
                                     value=snap.scheduler_last_tick_age_seconds)
         yield GaugeMetricFamily("leasequeue_stuck_handlers",
                                 "Handlers past their task's timeout and still running (thread mode cannot stop "

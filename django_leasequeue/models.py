@@ -687,10 +687,13 @@ class Dashboard(QueueState):
 class ReaperSweep(models.Model):
     """One row (id 1): when a reaper last swept, and when the database last came back after a
     silence, by the database's real clock (``clock_timestamp()``, not the adjustable
-    ``leasequeue_now()``). Written only by the reaper's statement (``store.JOB_REAP``): a silence
-    longer than twice the reaper interval means no process could reach the database (an outage or
-    restart hits every worker at once), so for one lease period after it the reaper leaves expired
-    leases to their holders, who renew or complete them (docs/explanation/leases.md)."""
+    ``leasequeue_now()``). The sweep times are written only by the reaper's statement
+    (``store.JOB_REAP``): a silence longer than twice the reaper interval means no process could
+    reach the database (an outage or restart hits every worker at once), so for one lease period
+    after it the reaper leaves expired leases to their holders, who renew or complete them
+    (docs/explanation/leases.md). A scheduler's tick (``store.PROCESS_HEARTBEAT``) writes only
+    ``scheduler_tick_at``; when it creates the row, before any sweep, ``last_sweep_at`` is the
+    epoch (``store.NEVER_SWEPT``), which means "never swept"."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_sweep_at = models.DateTimeField()

@@ -69,6 +69,7 @@ from .actions import (
     cancel_jobs,
     delete_jobs,
     log_job_action,
+    log_queue_action,
     release_jobs,
     replay_jobs,
     retry_now_jobs,
@@ -112,4 +113,5 @@ __all__ = [
     "STEPS_SHOWN", "WORKFLOW_STATES", "WorkflowAdmin", "WorkflowFilter", "WorkflowStateFilter", "jobs_of_workflow_url",
     "workflow_state", "JOBS_SHOWN", "WorkerProcessAdmin", "workers_page",
     "BULK_ACTIONS", "BulkAction", "delete_jobs", "error_name", "log_job_action", "release_jobs", "run_now_jobs",
+    "log_queue_action",
 ]

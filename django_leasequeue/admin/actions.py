@@ -23,7 +23,7 @@ from django.utils.html import format_html
 from .. import payload, store
 from ..conf import get_settings
 from ..exceptions import LeaseQueueError
-from ..models import Job
+from ..models import Job, QueueState
 from .common import APP, _by, check_json_field
 
 #: Operations that go row group by row group (skipping halted sequences) send ids to the store in
@@ -105,6 +105,22 @@ def log_job_action(request: HttpRequest, job_ids: list[int], message: str) -> No
         jobs = [Job(pk=job_ids[0])]
     LogEntry.objects.log_actions(user_id=cast(int, request.user.pk), queryset=jobs, action_flag=CHANGE,
                                  change_message=message, single_object=True)
+
+
+def log_queue_action(request: HttpRequest, name: str, message: str) -> None:
+    """Write the admin log entry of an operator's action on a queue (pause, resume) on its
+    ``QueueState`` row, so "Recent actions" and the row's "History" show who did it and when.
+
+    Args:
+        request: the operator's request (its user is the entry's user).
+        name: the queue's name; nothing is logged when the queue has no ``QueueState`` row (the
+            action changed nothing).
+        message: the entry's change message, e.g. ``"Paused queue 'mail'"``.
+    """
+    states = list(QueueState.objects.filter(name=name))
+    if states:
+        LogEntry.objects.log_actions(user_id=cast(int, request.user.pk), queryset=states, action_flag=CHANGE,
+                                     change_message=message, single_object=True)
 
 
 def _jobs(n: int) -> str:

@@ -11,7 +11,8 @@ expired, with a "Release now" button for an operator who knows the holder is gon
 process whose registry row was pruned are listed under their holder's id.
 
 The page is three statements in one read-only snapshot (:func:`store.read.workers_page_rows`),
-however many processes and jobs there are.
+however many processes and jobs there are. Its ages, lease expiries and counts refresh in place
+from ``workerprocess/live/`` (the same three statements; :mod:`.live`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
 from django.utils.http import urlencode
 
 from .. import health
@@ -32,6 +36,7 @@ from ..conf import get_settings
 from ..models import WorkerProcess
 from ..store import read
 from .common import APP, duration
+from .live import live_response
 
 if TYPE_CHECKING:
     _WorkerAdminBase: TypeAlias = admin.ModelAdmin[WorkerProcess]
@@ -122,6 +127,13 @@ class ProcessRow:
         return relative(-self.info.heartbeat_age_seconds) if self.info is not None else "—"
 
     @property
+    def state_words(self) -> str:
+        """``"alive"``, or ``"stopped heartbeating 40 s ago"``; ``""`` for a holder not registered."""
+        if self.info is None:
+            return ""
+        return "alive" if self.info.alive else f"stopped heartbeating {self.heartbeat_words}"
+
+    @property
     def more(self) -> int:
         """Leased jobs held but not shown."""
         return self.total - len(self.jobs)
@@ -178,6 +190,43 @@ def workers_page(now: datetime | None = None, *, can_release: bool = False,
     return clock_now, [*rows.values(), *(orphans[k] for k in sorted(orphans))]
 
 
+def _summary(now: datetime, rows: list[ProcessRow]) -> dict[str, str]:
+    """The page's headline figures in words, as the page and its live endpoint show them."""
+    alive = sum(1 for r in rows if r.info is not None and r.info.alive)
+    stale = sum(1 for r in rows if r.info is not None and not r.info.alive)
+    expired = sum(r.expired for r in rows)
+    stuck = sum(1 for r in rows for j in r.jobs if j.timed_out)
+    return {
+        "now": date_format(timezone.localtime(now), "Y-m-d H:i:s T"),
+        "alive": f"{alive} process{pluralize(alive, 'es')} alive",
+        "stale": f"{stale} stopped heartbeating" if stale else "",
+        "expired": f"{expired} expired lease{pluralize(expired)}" if expired else "",
+        "stuck": f"{stuck} handler{pluralize(stuck)} past {pluralize(stuck, 'its,their')} timeout" if stuck else "",
+    }
+
+
+def workers_values(now: datetime, rows: list[ProcessRow]) -> dict[str, str]:
+    """The workers page's live figures, keyed as the page marks them (``data-live``).
+
+    Args:
+        now: the clock reading of the rows (aware datetime).
+        rows: :func:`workers_page`'s rows.
+
+    Returns:
+        ``{"summary:<name>": text, "p:<holder>:<figure>": text, "j:<job id>:<figure>": text}``.
+    """
+    values = {f"summary:{k}": v for k, v in _summary(now, rows).items()}
+    for row in rows:
+        if row.info is not None:
+            values[f"p:{row.holder}:heartbeat"] = row.heartbeat_words
+            values[f"p:{row.holder}:uptime"] = row.uptime_words
+            values[f"p:{row.holder}:state"] = row.state_words
+        for job in row.jobs:
+            values[f"j:{job.id}:lease"] = job.lease_words
+            values[f"j:{job.id}:running"] = job.running_words
+    return values
+
+
 @admin.register(WorkerProcess)
 class WorkerProcessAdmin(_WorkerAdminBase):
     """The workers page: ``admin/django_leasequeue/workerprocess/``. Read only; visible to users who
@@ -201,7 +250,9 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [path("", self.admin_site.admin_view(self.changelist_view), name=f"{prefix}_changelist")]
+        wrap = self.admin_site.admin_view
+        return [path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
+                path("live/", wrap(self.live_view), name=f"{prefix}_live")]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -216,13 +267,22 @@ class WorkerProcessAdmin(_WorkerAdminBase):
             "now": now,
             "rows": rows,
             "stale": stale,
-            "alive": sum(1 for r in rows if r.info is not None and r.info.alive),
-            "expired": sum(r.expired for r in rows),
-            "stuck": sum(1 for r in rows for j in r.jobs if j.timed_out),
+            "summary": _summary(now, rows),
             "alive_within": get_settings().process_alive_within,
             "jobs_shown": JOBS_SHOWN,
             "dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
             "job_list_url": job_list,
+            "live_url": reverse(f"admin:{APP}_workerprocess_live"),
+            "live_at": now,
         }
         context.update(extra_context or {})
         return TemplateResponse(request, "admin/django_leasequeue/workerprocess/change_list.html", context)
+
+    def live_view(self, request: HttpRequest) -> HttpResponse:
+        """GET: the page's figures as JSON (:func:`~.live.live_response`, keys of
+        :func:`workers_values`), for ``live.js``. The page's permission (403 otherwise) and its
+        three statements."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        now, rows = workers_page()
+        return live_response(request, workers_values(now, rows), at=now)

@@ -7,25 +7,41 @@ on each row, and the state is one SQL ``CASE`` over them (see :func:`workflow_st
 of 100 workflows is one statement however many jobs they hold. The page of one workflow shows at
 most :data:`STEPS_SHOWN` members, so a 10,000-member batch costs the same handful of statements
 as a chain of three.
+
+Both pages refresh their figures in place (:mod:`.live`): the list from ``workflow/live/`` with
+the list's own query string (the same page of rows), a workflow's page from
+``workflow/<id>/live/`` (its counts, and the status and attempts of each step and callback shown).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, CharField, Exists, OuterRef, Q, QuerySet, Value, When
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.db.models.functions import Now
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
+from .. import store
 from ..models import Dependency, Job, JobStatus, Workflow, WorkflowRole
 from ..workflows.handle import PENDING, WorkflowHandle
 from .actions import replay_jobs
 from .common import APP, _by, search_id
 from .jobs import STATUS_COLOURS
 from .listing import EstimatedCountPaginator
+from .live import live_response
 from .states import time_field
 
 if TYPE_CHECKING:
@@ -100,9 +116,32 @@ class WorkflowStateFilter(admin.SimpleListFilter):
         return queryset
 
 
-def _badge(status: str, label: str | None = None) -> str:
+def _badge(status: str, label: str | None = None, live: str | None = None) -> str:
+    if live is not None:  # live.js sets the text and the class (data-live-class) and drops the colour
+        return format_html('<span class="lq-status lq-{}" style="color:{}" data-live="{}" '
+                           'data-live-class="lq-status lq-{{}}">{}</span>', status,
+                           STATUS_COLOURS.get(status, "inherit"), live, label or status)
     return format_html('<span class="lq-status lq-{}" style="color:{}">{}</span>', status,
                        STATUS_COLOURS.get(status, "inherit"), label or status)
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return " · ".join(f"{status} {n}" for status, n in counts.items())
+
+
+def _figures(workflow: Workflow) -> dict[str, str]:
+    """A workflow row's figures in words, as its page and the list show them (keys of the live endpoints)."""
+    state = str(getattr(workflow, "lq_state", "running"))
+    return {
+        "state": WORKFLOW_STATES.get(state, state),
+        "progress": f"{workflow.members_done}/{workflow.members}",
+        "done": f"{workflow.members_done}/{workflow.members} done",
+        "pending": f"{workflow.members_pending} pending",
+        "dead": str(workflow.members_dead),
+        "dead_words": f"{workflow.members_dead} dead",
+        "cancelled": str(workflow.members_cancelled),
+        "cancelled_words": f"{workflow.members_cancelled} cancelled",
+    }
 
 
 def _plural(n: int, word: str) -> str:
@@ -137,6 +176,7 @@ class WorkflowAdmin(_WorkflowAdminBase):
     paginator = EstimatedCountPaginator
     sortable_by: ClassVar[tuple[str, ...]] = ("id", "kind", "name", "created_at_display", "progressed_at_display")
     change_form_template = "admin/django_leasequeue/workflow/change_form.html"
+    change_list_template = "admin/django_leasequeue/workflow/change_list.html"
     fieldsets = (
         (None, {"fields": (("id", "kind", "name"), ("unique_key", "on_dependency_dead"))}),
         ("Times (database clock, admin time zone)", {"fields": (("created_at_display", "closed_at_display"),
@@ -186,7 +226,11 @@ class WorkflowAdmin(_WorkflowAdminBase):
     # -- list ------------------------------------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
-        return super().get_queryset(request).annotate(lq_state=workflow_state())
+        queryset = super().get_queryset(request).annotate(lq_state=workflow_state())
+        if getattr(request, "_lq_live", False):
+            # A live poll's time: the rows' own statement's database time, not one statement more.
+            queryset = queryset.annotate(lq_now=Now())
+        return queryset
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
                            search_term: str) -> tuple[QuerySet[Workflow], bool]:
@@ -199,23 +243,58 @@ class WorkflowAdmin(_WorkflowAdminBase):
             q |= Q(pk=row_id)
         return queryset.filter(q), False
 
+    # Each figure carries its live key (wf:<id>:<figure>, see live_list_view).
     @admin.display(description="progress")
     def progress(self, obj: Workflow) -> str:
-        return format_html('<span class="lq-num" title="done / members; {} pending">{}/{}</span>',
-                           obj.members_pending, obj.members_done, obj.members)
+        return format_html('<span class="lq-num" title="done / members; {} pending" '
+                           'data-live="wf:{}:progress">{}/{}</span>',
+                           obj.members_pending, obj.pk, obj.members_done, obj.members)
 
     @admin.display(description="dead", ordering="members_dead")
     def dead(self, obj: Workflow) -> str:
-        return format_html('<span class="lq-dead">{}</span>', obj.members_dead) if obj.members_dead else "0"
+        return format_html('<span class="{}" data-live="wf:{}:dead" data-live-nonzero="lq-dead">{}</span>',
+                           "lq-dead" if obj.members_dead else "", obj.pk, obj.members_dead)
 
     @admin.display(description="cancelled", ordering="members_cancelled")
-    def cancelled(self, obj: Workflow) -> int:
-        return obj.members_cancelled
+    def cancelled(self, obj: Workflow) -> str:
+        return format_html('<span data-live="wf:{}:cancelled">{}</span>', obj.pk, obj.members_cancelled)
 
     @admin.display(description="state")
     def state_badge(self, obj: Workflow) -> str:
         state = str(getattr(obj, "lq_state", "running"))
-        return format_html('<span class="lq-wf-state lq-wf-{}">{}</span>', state, WORKFLOW_STATES.get(state, state))
+        return format_html('<span class="lq-wf-state lq-wf-{}" data-live="wf:{}:state">{}</span>', state, obj.pk,
+                           WORKFLOW_STATES.get(state, state))
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        live = reverse(f"admin:{APP}_workflow_live_list")
+        query = request.GET.urlencode()
+        # The live endpoint rebuilds the same page of rows from the same query string. No live_at:
+        # the list reads no clock, and one more statement for the bar's first time is not worth it.
+        extra: dict[str, Any] = {"live_url": f"{live}?{query}" if query else live}
+        extra.update(extra_context or {})
+        return super().changelist_view(request, extra)
+
+    def live_list_view(self, request: HttpRequest) -> HttpResponse:
+        """GET with the list's query string: the figures of the rows that page shows, as JSON
+        (``wf:<id>:progress``, ``wf:<id>:dead``, ``wf:<id>:cancelled``, ``wf:<id>:state``), for
+        ``live.js``. The list's permission (403 otherwise); its change list's statements (the
+        page's row and count statements), without rendering. 400 for a query the list refuses."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        request._lq_live = True  # type: ignore[attr-defined]
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("bad filter")
+        values: dict[str, str] = {}
+        at = None
+        for workflow in changelist.result_list:
+            at = workflow.lq_now
+            figures = _figures(workflow)
+            for key in ("progress", "dead", "cancelled", "state"):
+                values[f"wf:{workflow.pk}:{key}"] = figures[key]
+        # No row: nothing to refresh, and no statement read a time; the clock is read for the bar.
+        return live_response(request, values, at=at if at is not None else store.db_now())
 
     # -- change page -----------------------------------------------------------------------------
 
@@ -223,8 +302,10 @@ class WorkflowAdmin(_WorkflowAdminBase):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
+            path("live/", wrap(self.live_list_view), name=f"{prefix}_live_list"),
             path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{prefix}_replay"),
             path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{prefix}_cancel"),
+            path("<path:object_id>/live/", wrap(self.live_view), name=f"{prefix}_live"),
             *super().get_urls(),
         ]
 
@@ -275,7 +356,7 @@ class WorkflowAdmin(_WorkflowAdminBase):
             blocked = [d["depends_on_id"] for d in deps if not d["resolved"] and d["depends_on__status"] in FAILED] \
                 if job.status == JobStatus.WAITING else []
             return {
-                "job": job, "role": role, "badge": _badge(job.status),
+                "job": job, "role": role, "badge": _badge(job.status, live=f"j:{job.pk}:status"),
                 "url": reverse(f"admin:{APP}_job_change", args=[job.pk]),
                 "depends_on": [{"name": d["name"], "id": d["depends_on_id"], "status": d["depends_on__status"],
                                 "url": reverse(f"admin:{APP}_job_change", args=[d["depends_on_id"]])}
@@ -296,6 +377,9 @@ class WorkflowAdmin(_WorkflowAdminBase):
             "lq_state": WORKFLOW_STATES.get(str(getattr(workflow, "lq_state", "")), ""),
             "lq_state_key": getattr(workflow, "lq_state", ""),
             "lq_counts": counts,
+            "lq_counts_text": _counts_text(counts),
+            "lq_figures": _figures(workflow),
+            "live_url": reverse(f"admin:{APP}_workflow_live", args=[workflow.pk]),
             "lq_steps": [row(job) for job in members],
             "lq_more": max(workflow.members - len(members), 0),
             "lq_jobs_url": jobs_of_workflow_url(workflow.pk),
@@ -310,6 +394,31 @@ class WorkflowAdmin(_WorkflowAdminBase):
             "lq_cancel_url": reverse(f"admin:{APP}_workflow_cancel", args=[workflow.pk]),
             "lq_dashboard_url": reverse(f"admin:{APP}_dashboard_changelist"),
         }
+
+    def live_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: one workflow's figures as JSON, for ``live.js``: ``wf:<figure>`` (state, done,
+        pending, dead_words, cancelled_words, counts) and ``j:<job id>:status`` / ``j:<job id>:attempts``
+        of the members and callbacks its page lists. The page's permission (403 otherwise); at most
+        four statements (the row, the counts, the members shown, the callbacks), fewer than the page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        request._lq_live = True  # type: ignore[attr-defined]
+        workflow = self.get_object(request, object_id)
+        if workflow is None:
+            raise Http404("no such workflow")
+        figures = _figures(workflow)
+        values = {f"wf:{k}": figures[k] for k in ("state", "done", "pending", "dead_words", "cancelled_words")}
+        values["wf:counts"] = _counts_text(WorkflowHandle(workflow.pk).counts())
+        members = (Job.objects.filter(workflow_id=workflow.pk, workflow_role=WorkflowRole.MEMBER)
+                   .order_by("id").values_list("id", "status", "attempts", "max_attempts")[:STEPS_SHOWN])
+        callback_ids = [i for i in (workflow.on_success_id, workflow.on_complete_id) if i is not None]
+        callbacks = Job.objects.filter(pk__in=callback_ids).values_list("id", "status", "attempts", "max_attempts") \
+            if callback_ids else []
+        for job_id, status, attempts, max_attempts in [*members, *callbacks]:
+            values[f"j:{job_id}:status"] = status
+            values[f"j:{job_id}:attempts"] = f"{attempts}/{max_attempts}"
+        at: datetime = workflow.lq_now  # type: ignore[attr-defined]  # annotated for live polls
+        return live_response(request, values, at=at)
 
     def _workflow_or_404(self, request: HttpRequest, object_id: str) -> Workflow:
         try:

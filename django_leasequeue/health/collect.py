@@ -72,9 +72,15 @@ def snapshot(now: datetime | None = None, *, window_short: float = 300, window_l
     rows, process_rows, workflow_row, elapsed = read.snapshot_rows(params, alias=alias or _alias())
     db_now = rows[0][0]
     workers = process_infos(process_rows, db_now, alive_within)
+    # The newest tick of a registered process, or of the sweep record, which keeps the last tick
+    # after the scheduler's row is deleted (a clean stop) or pruned (a dead scheduler).
     ticks = [w.last_tick_at for w in workers if w.last_tick_at is not None]
-    tick_age = max((db_now - max(ticks)).total_seconds(), 0.0) if ticks else None
+    if rows[0][15] is not None:
+        ticks.append(rows[0][15])
+    last_tick = max(ticks) if ticks else None
+    tick_age = max((db_now - last_tick).total_seconds(), 0.0) if last_tick is not None else None
     snap = Snapshot(now=db_now, workers=workers, scheduler_last_tick_age_seconds=tick_age,
+                    scheduler_last_tick_at=last_tick,
                     reaper_last_sweep_age_seconds=rows[0][14],
                     workers_alive=sum(1 for w in workers if w.alive and w.kind == "worker"),
                     window_short=float(window_short), window_long=float(window_long),

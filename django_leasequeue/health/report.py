@@ -173,9 +173,12 @@ class Snapshot:
         queues: one :class:`QueueStats` per known queue, by name.
         workers: every registered process (workers, schedulers, reapers), alive or not.
         workers_alive: alive processes of kind ``worker`` (those that run jobs).
-        scheduler_last_tick_age_seconds: ``now`` minus the newest ``last_tick_at`` of any
-            registered process; None when no tick is recorded (no scheduler ever ran, or its row
-            was pruned after it stopped: both mean no scheduler is running).
+        scheduler_last_tick_age_seconds: ``now`` minus :attr:`scheduler_last_tick_at`; None when
+            no tick was ever recorded (no scheduler ever ran).
+        scheduler_last_tick_at: the newest scheduler tick (aware datetime, database clock): of any
+            registered process, or of the sweep record (``ReaperSweep.scheduler_tick_at``), which
+            keeps it after the scheduler's row is deleted or pruned; None: never. Whether a
+            scheduler runs now is ``alive_by_kind["scheduler"]``.
         reaper_last_sweep_age_seconds: seconds since any process last swept expired leases (a
             ``runreaper`` or a worker, which sweeps unless started with ``--no-reaper``), by the
             database's real clock; None when no sweep ever ran. The truth about reaping:
@@ -195,6 +198,7 @@ class Snapshot:
     workers: list[WorkerInfo] = field(default_factory=list)
     workers_alive: int = 0
     scheduler_last_tick_age_seconds: float | None = None
+    scheduler_last_tick_at: datetime | None = None
     reaper_last_sweep_age_seconds: float | None = None
     window_short: float = 300.0
     window_long: float = 3600.0
@@ -269,6 +273,8 @@ class Snapshot:
             "stuck_handlers": self.stuck_handlers,
             "alive_by_kind": self.alive_by_kind,
             "scheduler_last_tick_age_seconds": self.scheduler_last_tick_age_seconds,
+            "scheduler_last_tick_at": (self.scheduler_last_tick_at.isoformat()
+                                       if self.scheduler_last_tick_at is not None else None),
             "reaper_last_sweep_age_seconds": self.reaper_last_sweep_age_seconds,
             "query_seconds": self.query_seconds,
             "workflows_unfinished": self.workflows_unfinished,

@@ -23,6 +23,11 @@ JOB_TABLE = Job._meta.db_table
 PROCESS_TABLE = WorkerProcess._meta.db_table
 SWEEP_TABLE = ReaperSweep._meta.db_table
 STAT_TABLE = JobStat._meta.db_table
+# The sweep record's last_sweep_at while no sweep has run: a scheduler's tick creates the row before
+# any sweep (last_sweep_at is NOT NULL). A finite time that no sweep can have, rather than
+# -infinity, which the ORM cannot load; every statement that reads last_sweep_at treats it as
+# "never swept".
+NEVER_SWEPT = "'epoch'::timestamptz"
 QUEUE_TABLE = QueueState._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 

@@ -13,6 +13,7 @@ from ._db import (
     CLOCK,
     CLOCK_WAKING,
     JOB_TABLE,
+    NEVER_SWEPT,
     PROCESS_TABLE,
     SWEEP_TABLE,
     TOKEN_MAX,
@@ -49,7 +50,8 @@ WITH clock AS MATERIALIZED ({CLOCK_WAKING}),
 sweep AS MATERIALIZED (
     INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, resumed_at) VALUES (1, clock_timestamp(), NULL)
     ON CONFLICT (id) DO UPDATE SET
-        resumed_at = CASE WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
+        resumed_at = CASE WHEN s.last_sweep_at = {NEVER_SWEPT} THEN s.resumed_at  -- no sweep yet: the first one
+                          WHEN s.last_sweep_at < EXCLUDED.last_sweep_at - make_interval(secs => %(silence)s::float8)
                             OR s.last_sweep_at > EXCLUDED.last_sweep_at + make_interval(secs => %(silence)s::float8)
                           THEN EXCLUDED.last_sweep_at
                           WHEN s.resumed_at > EXCLUDED.last_sweep_at THEN EXCLUDED.last_sweep_at
@@ -218,8 +220,21 @@ ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, host = EXCLUDED.host, pid =
     started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at
 """
 
+# A tick (%(tick)s) is also stamped on the one-row sweep table (scheduler_tick_at, the same clock
+# reading as the row's last_tick_at): the process row is deleted when the scheduler stops and pruned
+# when it dies, and monitoring must still say how long ago the last tick was. In the same statement
+# so both stamps agree and a tick costs no extra round trip; a plain heartbeat (tick false) inserts
+# nothing and takes no lock on that row. Before any sweep the row does not exist: it is created
+# with last_sweep_at = NEVER_SWEPT, which every reader of last_sweep_at takes as "never swept" (the
+# reaper's sweep as its first, the health snapshot as no sweep), because a real time there would
+# claim a sweep that never happened.
 PROCESS_HEARTBEAT = f"""
-WITH clock AS MATERIALIZED ({CLOCK})
+WITH clock AS MATERIALIZED ({CLOCK}),
+tick AS (
+    INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, scheduler_tick_at)
+    SELECT 1, {NEVER_SWEPT}, clock.now FROM clock WHERE %(tick)s
+    ON CONFLICT (id) DO UPDATE SET scheduler_tick_at = EXCLUDED.scheduler_tick_at
+)
 UPDATE {PROCESS_TABLE} p SET last_heartbeat_at = clock.now,
     last_tick_at = CASE WHEN %(tick)s THEN clock.now ELSE p.last_tick_at END
 FROM clock WHERE p.id = %(id)s
@@ -246,7 +261,18 @@ def process_register(*, process_id: str, kind: str, host: str, pid: int, queues:
 
 def process_heartbeat(process_id: str, *, tick: bool = False, now: datetime | None = None,
                       alias: str | None = None) -> bool:
-    """Touch a process row's heartbeat (and its scheduler tick when ``tick``); False if it was pruned."""
+    """Touch a process row's heartbeat; False if the row was pruned.
+
+    Args:
+        process_id: the row's id (``host:pid:name``).
+        tick: also record a scheduler tick: the row's ``last_tick_at`` and the sweep record's
+            ``scheduler_tick_at``, which outlives the row (written even when the row is gone).
+        now: aware datetime instead of the database clock (tests).
+        alias: database alias; default the job table's.
+
+    Returns:
+        True when the process row was touched.
+    """
     touched: int = _run(PROCESS_HEARTBEAT, {"now": now, "id": process_id, "tick": tick}, alias=alias).rowcount
     return touched == 1
 

@@ -20,6 +20,7 @@ from ._db import (
     _JOB_COLUMN_LIST,
     CLOCK,
     JOB_TABLE,
+    NEVER_SWEPT,
     PROCESS_TABLE,
     QUEUE_TABLE,
     STAT_TABLE,
@@ -93,11 +94,15 @@ SELECT c.now, n.queue,
        coalesce(greatest(extract(epoch FROM c.now - r.oldest_due), 0), 0)::float8,
        coalesce(x.done_short, 0)::bigint, coalesce(x.dead_short, 0)::bigint, coalesce(x.done_long, 0)::bigint,
        coalesce(x.dead_long, 0)::bigint,
-       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age
+       coalesce(q.paused, false), coalesce(l.expired, 0), coalesce(w.waiting, 0), sw.age, sw.tick
 FROM clock c
 -- Seconds since any process last swept expired leases (workers sweep too, unless --no-reaper),
--- by the real clock the sweep stamps it with; null: no sweep ever ran.
-LEFT JOIN (SELECT greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 AS age
+-- by the real clock the sweep stamps it with; null: no sweep ever ran (no row, or the NEVER_SWEPT
+-- a scheduler's tick writes into a row no sweep has written yet). And the last scheduler tick
+-- (database clock), which outlives the scheduler's process row.
+LEFT JOIN (SELECT CASE WHEN last_sweep_at <> {NEVER_SWEPT}
+                       THEN greatest(extract(epoch FROM clock_timestamp() - last_sweep_at), 0)::float8 END AS age,
+                  scheduler_tick_at AS tick
            FROM {SWEEP_TABLE} WHERE id = 1) sw ON true
 LEFT JOIN names n ON true
 LEFT JOIN ready r ON r.queue = n.queue
@@ -383,7 +388,7 @@ def queue_page_rows(name: str, *, limit: int = 10, alias: str | None = None) -> 
 
     Args:
         name: the queue name.
-        limit: error groups returned (the largest).
+        limit: error groups returned (the largest); 0 skips their statement (a live poll).
         alias: database alias; default the job table's.
 
     Returns:
@@ -394,8 +399,10 @@ def queue_page_rows(name: str, *, limit: int = 10, alias: str | None = None) -> 
     with read_cursor(alias or db_alias()) as cur:
         cur.execute(QUEUE_STATE_ONE, {"name": name})
         state = cur.fetchone()
-        cur.execute(QUEUE_TOP_ERRORS, {"name": name, "limit": int(limit)})
-        errors = cur.fetchall()
+        errors: list[Any] = []
+        if limit > 0:
+            cur.execute(QUEUE_TOP_ERRORS, {"name": name, "limit": int(limit)})
+            errors = cur.fetchall()
     return state, errors
 
 

@@ -178,12 +178,14 @@ def test_pause_is_confirmed_then_logged_and_resume_returns_to_the_queue_page(adm
     assert response.status_code == 302 and response["Location"] == queue_url("mail")
     assert QueueState.objects.get(name="mail").paused
     [entry] = LogEntry.objects.all()
-    assert (entry.object_id, entry.change_message, entry.content_type.model) == ("mail", "Paused", "queuestate")
+    assert (entry.object_id, entry.change_message, entry.content_type.model) == (
+        "mail", "Paused queue 'mail'", "queuestate")
     html = admin_client.get(queue_url("mail")).content.decode()
     assert 'id="lq-resume"' in html and "paused" in html
     assert admin_client.post(RESUME, {"queue": "mail", "_from": "queue"})["Location"] == queue_url("mail")
     assert not QueueState.objects.get(name="mail").paused
-    assert [e.change_message for e in LogEntry.objects.order_by("id")] == ["Paused", "Resumed"]
+    assert [e.change_message for e in LogEntry.objects.order_by("id")] == [
+        "Paused queue 'mail'", "Resumed queue 'mail'"]
     # Pausing an already paused queue changes nothing and logs nothing.
     admin_client.post(RESUME, {"queue": "mail"})
     assert LogEntry.objects.count() == 2

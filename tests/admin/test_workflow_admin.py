@@ -129,11 +129,13 @@ def test_list_shows_progress_dead_cancelled_and_state_of_each_kind(admin_client)
     html = response.content.decode()
     row_of = {pk: re.search(rf'<tr>.*?/workflow/{pk}/change/.*?</tr>', html, re.S).group(0) for pk in rows}
     assert ">0/3<" in row_of[held.id] and "held by a dead member" in row_of[held.id]
-    assert '<td class="field-dead"><span class="lq-dead">1</span></td>' in row_of[held.id]
+    assert (f'<td class="field-dead"><span class="lq-dead" data-live="wf:{held.id}:dead" '
+            'data-live-nonzero="lq-dead">1</span></td>') in row_of[held.id]
     assert ">1/3<" in row_of[running.id] and ">running<" in row_of[running.id]
     assert ">2/2<" in row_of[finished.id] and ">finished<" in row_of[finished.id]
     assert ">0/2<" in row_of[batch.id] and "open batch, not closed" in row_of[batch.id]
-    assert '<td class="field-cancelled">1</td>' in row_of[cancelled_one.id]
+    assert f'<td class="field-cancelled"><span data-live="wf:{cancelled_one.id}:cancelled">1</span></td>' \
+        in row_of[cancelled_one.id]
 
     assert result_ids(admin_client.get(WORKFLOWS, {"state": "blocked"})) == [held.id]
     assert result_ids(admin_client.get(WORKFLOWS, {"state": "open"})) == [batch.id]
@@ -225,8 +227,8 @@ def test_change_page_lists_steps_in_order_with_dependencies_and_blocked_by(admin
     assert [[d["name"] for d in s["depends_on"]] for s in steps] == [[], ["1"], ["2"]]
     assert [[x["id"] for x in s["blocked_by"]] for s in steps] == [[], [a], []]  # c waits on b, which is alive
     assert f'blocked by job <a href="{job_url(a)}" class="lq-dead">{a}</a>' in html
-    assert '<span id="lq-progress">0/3 done</span>' in html
-    assert '<span id="lq-pending">2 pending</span>' in html
+    assert '<span id="lq-progress" data-live="wf:done">0/3 done</span>' in html
+    assert '<span id="lq-pending" data-live="wf:pending">2 pending</span>' in html
     assert ">1 dead</span>" in html
     assert response.context["lq_counts"] == {"waiting": 2, "ready": 0, "leased": 0, "done": 0, "dead": 1,
                                              "cancelled": 0}
@@ -276,7 +278,7 @@ def test_a_2000_member_batch_page_lists_the_first_500_and_links_the_rest(admin_c
     assert [d["job"].pk for d in response.context["lq_dead"]] == [members[0], members[1999]]
     html = response.content.decode()
     assert f"… and 1500 more: <a href=\"{JOBS}?workflow__id__exact={batch.id}\">" in html
-    assert '<span id="lq-progress">0/2000 done</span>' in html
+    assert '<span id="lq-progress" data-live="wf:done">0/2000 done</span>' in html
     assert ">2 dead</span>" in html
     # The link lists every job of the workflow: 2,000 members and the callback.
     listed = admin_client.get(JOBS, {"workflow__id__exact": batch.id})

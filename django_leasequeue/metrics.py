@@ -20,6 +20,8 @@ time, so take them as they are rather than through ``rate()``):
 ``leasequeue_workers_alive``                            worker processes with a fresh heartbeat
 ``leasequeue_processes_alive{kind}``                    alive registered processes per kind (kind
                                                         reaper: ``runreaper`` only; workers reap too)
+``leasequeue_reapers_alive``                            alive processes that run the reaper's sweep
+                                                        (runreaper, workers without --no-reaper)
 ``leasequeue_reaper_last_sweep_age_seconds``            seconds since any process (a worker or a
                                                         reaper) swept expired leases; absent: never
 ``leasequeue_scheduler_last_tick_age_seconds``          seconds since the last scheduler tick, kept
@@ -113,6 +115,10 @@ class HealthCollector:
         for kind, count in sorted(alive.items()):
             processes.add_metric([kind], count)
         yield processes
+        # Bug 14: the processes that reap, whatever their kind (runreaper and the workers' own sweep).
+        yield GaugeMetricFamily("leasequeue_reapers_alive",
+                                "Alive processes that run the reaper's sweep (runreaper, and workers without "
+                                "--no-reaper)", value=snap.reapers_alive)
         # Whoever reaps (runreaper, or the workers' own sweep), the sweep row says when it last ran:
         # alert on this, not on processes_alive{kind="reaper"}, which is 0 when workers do the reaping.
         if snap.reaper_last_sweep_age_seconds is not None:

@@ -622,6 +622,10 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField()
     last_heartbeat_at = models.DateTimeField()
     last_tick_at = models.DateTimeField(null=True, blank=True)
+    # Whether this process runs the reaper's sweep: runreaper, and every worker started without
+    # --no-reaper. Monitoring counts the processes that reap from it (leasequeue_reapers_alive):
+    # counting kind="reaper" rows reads 0 while the workers do the reaping.
+    reaps = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "leasequeue_process"

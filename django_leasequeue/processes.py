@@ -45,10 +45,14 @@ class RegisteredService(Service):
         """The row's extra columns: ``queues``, ``concurrency`` and ``tasks`` (a worker's own)."""
         return {"queues": None, "concurrency": 0}
 
+    def reaps(self) -> bool:
+        """Whether this process runs the reaper's sweep (recorded in its row for monitoring)."""
+        return False
+
     def register(self) -> None:
         """Write (or write again) this process's registry row."""
         store.process_register(process_id=self.process_id, kind=self.kind, host=socket.gethostname(),
-                               pid=os.getpid(), alias=self.alias, **self.registration())
+                               pid=os.getpid(), reaps=self.reaps(), alias=self.alias, **self.registration())
 
     def beat(self, *, tick: bool = False) -> None:
         """Touch the row's heartbeat (and the scheduler tick when ``tick``); a row pruned as stale

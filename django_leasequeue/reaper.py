@@ -189,6 +189,9 @@ class ReaperService(RegisteredService):
         self._next_process_prune = now + PROCESS_PRUNE_EVERY
         return prune_processes(self.settings, alias=self.alias)
 
+    def reaps(self) -> bool:
+        return True
+
     def on_start(self) -> None:
         self.register()
 

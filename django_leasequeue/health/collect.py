@@ -106,7 +106,8 @@ def process_infos(process_rows: Sequence[Sequence[Any]], now: datetime, alive_wi
 
     Args:
         process_rows: rows of ``PROCESSES`` (id, kind, host, pid, queues, concurrency, started_at,
-            last_heartbeat_at, last_tick_at, stuck handlers, the oldest stuck handler's timeout time).
+            last_heartbeat_at, last_tick_at, stuck handlers, the oldest stuck handler's timeout time,
+            reaps).
         now: the database clock reading to judge by (aware datetime).
         alive_within: seconds.
 
@@ -114,7 +115,7 @@ def process_infos(process_rows: Sequence[Sequence[Any]], now: datetime, alive_wi
         One :class:`WorkerInfo` per row, in the rows' order.
     """
     workers = []
-    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since in process_rows:
+    for pid_, kind, host, pid, wq, concurrency, started_at, beat, tick, stuck, stuck_since, reaps in process_rows:
         age = (now - beat).total_seconds()
         if isinstance(wq, (str, bytes)):  # Django's psycopg backend hands jsonb over undecoded
             wq = json.loads(wq)
@@ -123,6 +124,7 @@ def process_infos(process_rows: Sequence[Sequence[Any]], now: datetime, alive_wi
             last_heartbeat_at=beat, alive=age <= alive_within, concurrency=concurrency,
             last_tick_at=tick, heartbeat_age_seconds=max(age, 0.0), stuck_handlers=stuck,
             stuck_seconds=max((now - stuck_since).total_seconds(), 0.0) if stuck_since is not None else 0.0,
+            reaps=bool(reaps),
         ))
     return workers
 

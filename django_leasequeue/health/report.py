@@ -86,6 +86,7 @@ class WorkerInfo:
         stuck_handlers: its handlers past their task's timeout and still running (thread mode:
             they hold a thread and their job's lease until they return).
         stuck_seconds: seconds since the oldest of them passed its timeout (0.0: none stuck).
+        reaps: it runs the reaper's sweep (``runreaper``, or a worker without ``--no-reaper``).
     """
 
     id: str
@@ -101,6 +102,7 @@ class WorkerInfo:
     heartbeat_age_seconds: float = 0.0
     stuck_handlers: int = 0
     stuck_seconds: float = 0.0
+    reaps: bool = False
 
     def serves(self, queue: str) -> bool:
         """True when this process claims jobs from ``queue``."""
@@ -221,6 +223,12 @@ class Snapshot:
         return sum(1 for w in self.workers if w.alive and w.kind == "worker" and w.serves(queue))
 
     @property
+    def reapers_alive(self) -> int:
+        """Alive processes that run the reaper's sweep: ``runreaper`` processes and workers
+        without ``--no-reaper`` (``alive_by_kind["reaper"]`` counts only the former)."""
+        return sum(1 for w in self.workers if w.alive and w.reaps)
+
+    @property
     def alive_by_kind(self) -> dict[str, int]:
         """Alive processes per kind (``worker``, ``scheduler``, ``reaper``...)."""
         counts: dict[str, int] = {}
@@ -272,6 +280,7 @@ class Snapshot:
             "workers_alive": self.workers_alive,
             "stuck_handlers": self.stuck_handlers,
             "alive_by_kind": self.alive_by_kind,
+            "reapers_alive": self.reapers_alive,
             "scheduler_last_tick_age_seconds": self.scheduler_last_tick_age_seconds,
             "scheduler_last_tick_at": (self.scheduler_last_tick_at.isoformat()
                                        if self.scheduler_last_tick_at is not None else None),

@@ -160,6 +160,11 @@ class Migration(migrations.Migration):
             name='scheduler_tick_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name='workerprocess',
+            name='reaps',
+            field=models.BooleanField(db_default=False, default=False),
+        ),
         migrations.CreateModel(
             name='JobStat',
             fields=[

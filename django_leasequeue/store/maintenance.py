@@ -212,11 +212,12 @@ def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = No
 
 PROCESS_UPSERT = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
-INSERT INTO {PROCESS_TABLE} (id, kind, host, pid, queues, concurrency, tasks, started_at, last_heartbeat_at)
-SELECT %(id)s, %(kind)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(tasks)s::jsonb, clock.now, clock.now
+INSERT INTO {PROCESS_TABLE} (id, kind, host, pid, queues, concurrency, tasks, reaps, started_at, last_heartbeat_at)
+SELECT %(id)s, %(kind)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(tasks)s::jsonb, %(reaps)s,
+       clock.now, clock.now
 FROM clock
 ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, host = EXCLUDED.host, pid = EXCLUDED.pid,
-    queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency, tasks = EXCLUDED.tasks,
+    queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency, tasks = EXCLUDED.tasks, reaps = EXCLUDED.reaps,
     started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at
 """
 
@@ -242,8 +243,8 @@ FROM clock WHERE p.id = %(id)s
 
 
 def process_register(*, process_id: str, kind: str, host: str, pid: int, queues: Sequence[str] | None,
-                     concurrency: int, tasks: Sequence[str] | None = None, now: datetime | None = None,
-                     alias: str | None = None) -> None:
+                     concurrency: int, tasks: Sequence[str] | None = None, reaps: bool = False,
+                     now: datetime | None = None, alias: str | None = None) -> None:
     """Register (or re-register) a running worker/scheduler/reaper process.
 
     Args:
@@ -251,12 +252,14 @@ def process_register(*, process_id: str, kind: str, host: str, pid: int, queues:
         concurrency: its handler threads (0 for a scheduler or reaper).
         tasks: the task names a worker can run (it claims only those); None: not recorded, which
             counts as knowing every task (:func:`job_dead_letter_unknown_tasks`).
+        reaps: it runs the reaper's sweep (runreaper, a worker without ``--no-reaper``).
         now: aware datetime instead of the database clock (tests); also the registration time.
     """
     _run(PROCESS_UPSERT, {"now": now, "id": process_id, "kind": kind, "host": host, "pid": pid,
                                      "queues": _dumps(list(queues) if queues is not None else ["*"]),
                                      "concurrency": concurrency,
-                                     "tasks": _dumps(sorted(tasks)) if tasks is not None else None}, alias=alias)
+                                     "tasks": _dumps(sorted(tasks)) if tasks is not None else None,
+                                     "reaps": bool(reaps)}, alias=alias)
 
 
 def process_heartbeat(process_id: str, *, tick: bool = False, now: datetime | None = None,

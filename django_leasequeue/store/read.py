@@ -40,8 +40,9 @@ from ._db import (
 # The done and dead counts of the recent windows come from the chart counters (leasequeue_job_stat,
 # store/stats.py), not from the finished rows: a replayed dead letter is no longer dead, and
 # counting rows would lower "dead in the last 5 minutes" after the fact; the counters also cost the
-# same at any throughput. They are counted in whole buckets: every minute (hour, past the last
-# hour) that overlaps the window (now - w, now] counts, so a window reads up to one bucket more.
+# same at any throughput. They are counted in whole buckets: the minutes (hours, past the last
+# hour) that started within the window (now - w, now], the current one included, the same buckets
+# as the console's charts (the last hour is the 60 bars of the minute chart).
 QUEUE_STATS = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
 ready AS (
@@ -73,13 +74,12 @@ dead AS (
 ),
 recent AS (
     SELECT s.queue,
-           sum(s.done) FILTER (WHERE s.ends > c.now - make_interval(secs => %(short)s)) AS done_short,
-           sum(s.dead) FILTER (WHERE s.ends > c.now - make_interval(secs => %(short)s)) AS dead_short,
-           sum(s.done) FILTER (WHERE s.ends > c.now - make_interval(secs => %(long)s)) AS done_long,
-           sum(s.dead) FILTER (WHERE s.ends > c.now - make_interval(secs => %(long)s)) AS dead_long
-    FROM (SELECT t.queue, t.done, t.dead, t.bucket, t.bucket + make_interval(secs => t.span) AS ends
-          FROM {STAT_TABLE} t) s, clock c
-    WHERE s.ends > c.now - make_interval(secs => %(widest)s) AND s.bucket <= c.now
+           sum(s.done) FILTER (WHERE s.bucket > c.now - make_interval(secs => %(short)s)) AS done_short,
+           sum(s.dead) FILTER (WHERE s.bucket > c.now - make_interval(secs => %(short)s)) AS dead_short,
+           sum(s.done) FILTER (WHERE s.bucket > c.now - make_interval(secs => %(long)s)) AS done_long,
+           sum(s.dead) FILTER (WHERE s.bucket > c.now - make_interval(secs => %(long)s)) AS dead_long
+    FROM {STAT_TABLE} s, clock c
+    WHERE s.bucket > c.now - make_interval(secs => %(widest)s) AND s.bucket <= c.now
       AND (%(queues)s::text[] IS NULL OR s.queue = ANY(%(queues)s::text[]))
     GROUP BY s.queue
 ),
@@ -123,7 +123,7 @@ ORDER BY n.queue
 TIMED_OUT_NOW = "e->>'event' = 'timed_out' AND e->>'token' = j.lease_version::text"
 PROCESSES = f"""
 SELECT p.id, p.kind, p.host, p.pid, p.queues, p.concurrency, p.started_at, p.last_heartbeat_at, p.last_tick_at,
-       coalesce(s.stuck, 0), s.since
+       coalesce(s.stuck, 0), s.since, p.reaps
 FROM {PROCESS_TABLE} p
 LEFT JOIN LATERAL (
     SELECT count(*) AS stuck, min((e->>'at')::timestamptz) AS since

@@ -238,6 +238,9 @@ class WorkerService(RegisteredService):
     # and passed to every claim, so it leases only jobs it can run (rolling deploys).
     task_names: list[str] | None = None
 
+    def reaps(self) -> bool:
+        return bool(self.reap)
+
     def registration(self) -> dict[str, Any]:
         """The registry row's queues, concurrency and the task names this worker can run now."""
         self.task_names = registry.known_task_names()

@@ -39,9 +39,10 @@ def make_job(status: str = "ready", **fields: Any) -> Job:
 
     A finished job is inserted leased and moved to its status by a second statement, as a worker
     finishes one, so that the chart counters (which count moves, not rows) count it at its
-    ``finished_at``."""
+    ``finished_at`` (a job with a unique key is written finished at once, and not counted)."""
     values = job_fields(status, **fields)
-    if status not in ("done", "dead", "cancelled"):
+    # A job with a unique key stays as written: leased, it would collide with the active one.
+    if status not in ("done", "dead", "cancelled") or values.get("unique_key"):
         return Job.objects.create(**values)
     job = Job.objects.create(**{**values, "status": "leased", "finished_at": None})
     Job.objects.filter(id=job.id).update(status=status, finished_at=values["finished_at"])

@@ -182,10 +182,16 @@ def test_a_tick_before_any_sweep_claims_no_sweep_and_the_first_sweep_is_a_first_
 def test_workers_that_reap_show_in_the_sweep_age_not_in_the_reaper_process_count(db):
     from django_leasequeue.reaper import ReaperService
 
-    store.process_register(process_id="h:1:w", kind="worker", host="h", pid=1, queues=None, concurrency=2)
+    store.process_register(process_id="h:1:w", kind="worker", host="h", pid=1, queues=None, concurrency=2,
+                           reaps=True)
+    store.process_register(process_id="h:2:w", kind="worker", host="h", pid=2, queues=None, concurrency=2,
+                           reaps=False)  # runworker --no-reaper
     ReaperService(interval=1.0, process_id="h:1:w").sweep()  # the sweep a worker runs every REAPER_INTERVAL
     got = gauges()
     assert got[("leasequeue_processes_alive", (("kind", "reaper"),))] == 0
+    # The gauge of who reaps counts the worker that reaps, not the one started with --no-reaper.
+    assert got[("leasequeue_reapers_alive", ())] == 1
+    assert health.snapshot().reapers_alive == 1
     assert 0 <= got[("leasequeue_reaper_last_sweep_age_seconds", ())] < 5
     # The example alert on reaping is on the sweep age, never on the reaper process count.
     exprs = [line.split("expr:", 1)[1].strip() for line in RULES.read_text().splitlines() if "expr:" in line]

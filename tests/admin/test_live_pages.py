@@ -163,7 +163,8 @@ def test_a_queues_page_and_its_poll_agree_cost_less_and_refuse_who_the_page_refu
     live = reverse("admin:django_leasequeue_queue_live", args=["odd/name&x"])
     marks, values, page_n, live_n = page_and_poll(admin_client, page, live)
     assert values == marks
-    assert (values["ready_due"], values["dead"], values["state"], values["oldest_due"]) == ("1", "1", "running", "3 min")
+    assert (values["ready_due"], values["dead"], values["state"], values["oldest_due"]) == (
+        "1", "1", "running", "3 min")
     assert live_n < page_n  # no charts, error groups or schedules
     # A job enqueued meanwhile shows in the next poll.
     make_job("ready", queue="odd/name&x", run_at=now - timedelta(minutes=1))

@@ -64,13 +64,13 @@ def test_c30_oldest_ready_age_ignores_scheduled_running_and_backoff_and_dead_rat
 
 
 def test_windows_count_the_whole_minutes_they_overlap_and_follow_explicit_now(now):
-    # The recent counts come from the per-minute counters: a minute counts when it overlaps the
-    # window (now - w, now] and has started by now. With now 30 s into minute M, the short window
-    # (300 s) reaches back into minute M - 5, whose events all count.
+    # The recent counts come from the per-minute counters: a minute counts when it started within
+    # the window (now - w, now]. With now 30 s into minute M, the short window (300 s) holds the
+    # minutes M - 4 .. M, the same five bars as the minute chart's last five.
     m = now.replace(second=0, microsecond=0)
     now = m + timedelta(seconds=30)
-    make_job(status="done", finished_at=m - timedelta(seconds=301))  # minute M - 6: out of the short window
-    make_job(status="done", finished_at=m - timedelta(seconds=300))  # minute M - 5 starts: in
+    make_job(status="done", finished_at=m - timedelta(seconds=241))  # minute M - 5: out of the short window
+    make_job(status="done", finished_at=m - timedelta(seconds=240))  # minute M - 4 starts: in
     make_job(status="done", finished_at=now + timedelta(seconds=5))  # minute M, after now: in (same minute)
     make_job(status="done", finished_at=m + timedelta(seconds=60))   # minute M + 1 has not started: out
     make_job(status="dead", finished_at=ago(now, 3000))  # in the long window only

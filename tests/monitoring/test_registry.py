@@ -62,6 +62,16 @@ def test_a_reaper_whose_row_was_pruned_registers_again(now):
     assert row.kind == "reaper"
 
 
+def test_the_registry_records_which_processes_reap_bug_14(now):
+    reaper.ReaperService(interval=5, process_id="h:5:reaper").register()
+    WorkerService(concurrency=1, notify=False, reap=True, worker_name="w-reaps").register()
+    WorkerService(concurrency=1, notify=False, reap=False, worker_name="w-no-reaper").register()
+    rows = {row.id.rsplit(":", 1)[1]: (row.kind, row.reaps) for row in WorkerProcess.objects.all()}
+    assert rows == {"reaper": ("reaper", True), "w-reaps": ("worker", True), "w-no-reaper": ("worker", False)}
+    snap = health.snapshot()
+    assert (snap.reapers_alive, snap.alive_by_kind["reaper"]) == (2, 1)
+
+
 def test_heartbeat_with_tick_records_the_scheduler_tick(now):
     pid = register(4, "scheduler", at=ago(now, 100))
     assert store.process_heartbeat(pid, tick=True, now=ago(now, 20))

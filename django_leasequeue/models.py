@@ -630,6 +630,8 @@ class WorkerProcess(models.Model):
     class Meta:
         db_table = "leasequeue_process"
         ordering = ["kind", "id"]
+        verbose_name = "worker process"
+        verbose_name_plural = "worker processes"
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id}"

@@ -162,6 +162,8 @@ class DashboardAdmin(_DashboardAdminBase):
             "live_at": snap.now,
             "job_list_url": job_list, "dead_list_url": dead_list,
             "schedule_list_url": reverse(f"admin:{APP}_schedule_changelist"),
+            "workers_url": reverse(f"admin:{APP}_workerprocess_changelist"),
+            "workflows_url": reverse(f"admin:{APP}_workflow_changelist"),
             "period": period, "window": window, "ranges": list(health.RANGES),
             "windows": list(health.LATENCY_WINDOWS), "series": series,
             "chart": throughput_svg(series, title="Jobs done, failed and dead, every queue"),

@@ -20,6 +20,9 @@ from .listing import DeadQueueFilter, DeadTaskFilter, JobChangeList
 from .search import IncidentSearchFilter
 from .states import show_time
 
+# Changelist parameters that are not filters: the page, the ordering, the popup and error markers.
+_NOT_FILTERS = {"p", "o", "_popup", "_to_field", "e", "all"}
+
 
 class DeadLetterChangeList(JobChangeList):
     """The dead-letter list, plus for each dead job on the page that has dependents the number of
@@ -117,12 +120,16 @@ class DeadLetterAdmin(JobAdmin):
                 cl.queryset.order_by().values("task", "last_error_type")
                 .annotate(n=Count("pk")).order_by("-n", "task")[:25]
             )
+            # The list's own filters and search (a queue, "failed within the last hour", text in
+            # the error) stay in every group's links: a group counted under them must select, and
+            # replay, exactly the jobs counted, not every dead job of its task and error type.
+            kept = {k: v for k, v in request.GET.items() if k not in _NOT_FILTERS}
             for g in groups:
                 g["error_type"] = error_name(g["last_error_type"])
                 # The search that selects exactly this group: its task and its stored error type
                 # (the full name, so an equally named class of another module stays out); "-"
                 # selects the dead jobs without an error.
-                g["query"] = urlencode({"task": g["task"], "error_type": g["last_error_type"] or "-"})
+                g["query"] = urlencode({**kept, "task": g["task"], "error_type": g["last_error_type"] or "-"})
             context["lq_groups"] = groups
             context["lq_bulk_url"] = reverse(f"admin:{APP}_deadletter_bulk", args=["x"]).removesuffix("x/")
             context["lq_can_replay"] = self.has_replay_permission(request)

@@ -167,10 +167,9 @@ def queue_context(name: str, *, period: str = "hour", window: str = "hour", can_
     workers = _serving(name, processes)
     errors = []
     for task, kind, message, n, newest in error_rows:
-        query = {"queue": name, "task": task, "error_type": kind or "-"}
-        if message:
-            query["error"] = message
-        encoded = urlencode(query)
+        # Grouped by task and error type, as Dead letters groups them, so that the group's links
+        # select (and replay) exactly the jobs counted; the message is the newest one's.
+        encoded = urlencode({"queue": name, "task": task, "error_type": kind or "-"})
         errors.append({"task": task, "error_type": error_name(kind) or "(no error recorded)", "full_type": kind,
                        "message": message, "n": n, "newest": relative((newest - now).total_seconds()),
                        "list_url": f"{dead_list}?{encoded}", "replay_url": f"{bulk}?{encoded}" if can_replay else ""})

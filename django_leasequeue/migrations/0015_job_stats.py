@@ -160,6 +160,11 @@ class Migration(migrations.Migration):
             name='scheduler_tick_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
+        migrations.AlterModelOptions(
+            name='workerprocess',
+            options={'ordering': ['kind', 'id'], 'verbose_name': 'worker process',
+                     'verbose_name_plural': 'worker processes'},
+        ),
         migrations.AddField(
             model_name='workerprocess',
             name='reaps',

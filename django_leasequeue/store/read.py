@@ -367,18 +367,19 @@ QUEUE_STATE_ONE = f"""
 SELECT q.paused, q.paused_at, q.paused_by, q.throttled_total FROM {QUEUE_TABLE} q WHERE q.name = %(name)s
 """
 
-# The largest groups of one queue's dead letters by task, error type and the first line of the
-# error message (cut to 200 characters), with the newest death of each. The dead rows come from
-# leasequeue_job_finished (status, finished_at) WHERE status IN (finished): the same dead rows the
-# dashboard's QUEUE_STATS counts per queue, never the retained done rows.
+# The largest groups of one queue's dead letters by task and error type (as Dead letters groups
+# them, so a group's links select exactly its jobs), with the newest one's message (its first line,
+# cut to 200 characters) and death. The dead rows come from leasequeue_job_dead (queue, finished_at)
+# WHERE status = 'dead': the same dead rows the dashboard's QUEUE_STATS counts, never the done rows.
 QUEUE_TOP_ERRORS = f"""
 SELECT j.task, j.errors -> -1 ->> 'type' AS kind,
-       left(split_part(coalesce(j.errors -> -1 ->> 'message', ''), E'\\n', 1), 200) AS message,
+       (array_agg(left(split_part(coalesce(j.errors -> -1 ->> 'message', ''), E'\\n', 1), 200)
+                  ORDER BY j.finished_at DESC NULLS LAST, j.id DESC))[1] AS message,
        count(*) AS n, max(j.finished_at) AS newest
 FROM {JOB_TABLE} j
 WHERE j.status = 'dead' AND j.queue = %(name)s
-GROUP BY 1, 2, 3
-ORDER BY n DESC, newest DESC, 1, 2, 3
+GROUP BY 1, 2
+ORDER BY n DESC, newest DESC, 1, 2
 LIMIT %(limit)s
 """
 

@@ -266,3 +266,17 @@ def test_a_refused_single_action_writes_no_log_entry(admin_client):
     ready = make_job("ready")
     admin_client.post(reverse("admin:django_leasequeue_job_replay", args=[ready.id]))
     assert entries_of(ready.id) == []
+
+
+def test_an_error_groups_links_keep_the_lists_filters(admin_client):
+    # A group counted under a filter (a queue here) must link to, and replay, exactly the jobs it
+    # counts, not every dead job of its task and error type.
+    for queue in ("mail", "mail", "other"):
+        make_job("dead", queue=queue)
+    response = admin_client.get(DEAD, {"queue": "mail"})
+    [group] = response.context["lq_groups"]
+    assert group["n"] == 2 and "queue=mail" in group["query"]
+    assert admin_client.get(f"{DEAD}?{group['query']}").context["cl"].result_count == 2
+    bulk = reverse("admin:django_leasequeue_deadletter_bulk", args=["replay"])
+    confirm = admin_client.get(f"{bulk}?{group['query']}")
+    assert confirm.context["preview"].acting == 2

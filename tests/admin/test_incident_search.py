@@ -180,3 +180,11 @@ def test_the_search_form_keeps_the_other_filters(admin_client):
     form = form[:form.index("</form>")]
     assert '<input type="hidden" name="queue" value="invoices">' in form
     assert 'name="error" value="boom"' in form
+
+
+def test_the_fields_help_is_shown_where_the_inputs_point(admin_client):
+    html = admin_client.get(DEAD).content.decode()
+    for name in ("error_type", "args"):
+        assert f'aria-describedby="id_{name}_helptext"' in html
+        assert f'<div class="help" id="id_{name}_helptext">' in html
+    assert "customer=ACME" in html

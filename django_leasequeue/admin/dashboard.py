@@ -20,7 +20,7 @@ from .. import store
 from ..conf import queue_name_problem
 from ..models import Dashboard, QueueState
 from .charts import throughput_svg
-from .common import APP, _by, _DashboardAdminBase, duration
+from .common import APP, _by, _DashboardAdminBase, duration, parse_id
 from .queues import chart_choice, latency_rows, queue_context
 
 
@@ -100,7 +100,7 @@ class DashboardAdmin(_DashboardAdminBase):
             "tick_age": duration(snap.scheduler_last_tick_age_seconds),
             "has_scheduler_tick": snap.scheduler_last_tick_age_seconds is not None,
             "can_pause": self.has_pause_permission(request),
-            "refresh": int(refresh) if refresh.isdigit() and 2 <= int(refresh) <= 3600 else None,
+            "refresh": seconds if (seconds := parse_id(refresh)) is not None and 2 <= seconds <= 3600 else None,
             "job_list_url": job_list, "dead_list_url": dead_list,
             "schedule_list_url": reverse(f"admin:{APP}_schedule_changelist"),
             "period": period, "window": window, "ranges": list(health.RANGES),

@@ -24,6 +24,11 @@ from .common import APP, _by, _DashboardAdminBase, duration, parse_id
 from .queues import chart_choice, latency_rows, queue_context
 
 
+def _queue_name(name: str) -> bool:
+    """Whether ``name`` (str) can be a queue's name at all: 1 to 100 characters, no NUL (which
+    PostgreSQL text cannot hold: sent as a parameter, the statement fails with a 500)."""
+    return 0 < len(name) <= 100 and "\x00" not in name
+
 @admin.register(Dashboard)
 class DashboardAdmin(_DashboardAdminBase):
     """The queue dashboard: ``admin/django_leasequeue/dashboard/``, read through ``health.snapshot()``.
@@ -116,7 +121,7 @@ class DashboardAdmin(_DashboardAdminBase):
         picks the chart's range, ``?latency=hour|day`` the latency window."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        if not name or len(name) > 100:
+        if not _queue_name(name):
             raise Http404("No such queue name")
         from .. import health
 
@@ -145,7 +150,7 @@ class DashboardAdmin(_DashboardAdminBase):
             raise PermissionDenied
         name = request.POST.get("queue", "").strip()
         changed = False
-        if not name or len(name) > 100:
+        if not _queue_name(name):
             messages.error(request, "No queue given.")
         elif pause and queue_name_problem(name):
             # Resuming stays possible for a queue paused under a name written before the grammar.
@@ -163,14 +168,14 @@ class DashboardAdmin(_DashboardAdminBase):
             LogEntry.objects.log_actions(user_id=cast(int, request.user.pk), queryset=[QueueState(name=name)],
                                          action_flag=CHANGE, change_message="Paused" if pause else "Resumed",
                                          single_object=True)
-        if request.POST.get("_from") == "queue" and name and len(name) <= 100:
+        if request.POST.get("_from") == "queue" and _queue_name(name):
             return HttpResponseRedirect(reverse(f"admin:{APP}_queue", args=[name]))
         return HttpResponseRedirect(reverse(f"admin:{APP}_dashboard_changelist"))
 
     def _confirm_pause(self, request: HttpRequest) -> HttpResponse:
         """GET ``?queue=<name>``: the page that asks before pausing (its form POSTs the pause)."""
         name = request.GET.get("queue", "").strip()
-        if not name or len(name) > 100:
+        if not _queue_name(name):
             raise Http404("No queue given")
         from .. import health
 

@@ -11,7 +11,7 @@ import pytest
 from django.urls import reverse
 
 from django_leasequeue import store
-from django_leasequeue.models import Job
+from django_leasequeue.models import Job, QueueState
 
 from .factories import make_job, make_jobs
 
@@ -79,3 +79,15 @@ def test_a_tampered_confirmation_pins_nothing(admin_client, pinned):
                                         "index": "0", "lq_confirm": "yes", "lq_ids": f"{dead[0]},{pinned}"})
     assert response.status_code == 302
     assert list(Job.objects.filter(pk__in=dead).values_list("status", flat=True)) == ["dead", "dead"]
+
+
+def test_a_nul_in_a_queue_name_is_no_queue_on_every_queue_url(admin_client):
+    dashboard = reverse("admin:django_leasequeue_dashboard_changelist")
+    assert admin_client.get(reverse("admin:django_leasequeue_dashboard_pause") + "?queue=a%00").status_code == 404
+    assert admin_client.get(reverse("admin:django_leasequeue_queue", args=["a\x00"])).status_code == 404
+    for view in ("pause", "resume"):
+        response = admin_client.post(reverse(f"admin:django_leasequeue_dashboard_{view}"),
+                                     {"queue": "a\x00", "_from": "queue"}, follow=True)
+        assert response.redirect_chain == [(dashboard, 302)]
+        assert [str(m) for m in response.context["messages"]] == ["No queue given."]
+    assert not QueueState.objects.exists()

@@ -91,3 +91,10 @@ def test_a_nul_in_a_queue_name_is_no_queue_on_every_queue_url(admin_client):
         assert response.redirect_chain == [(dashboard, 302)]
         assert [str(m) for m in response.context["messages"]] == ["No queue given."]
     assert not QueueState.objects.exists()
+
+
+@pytest.mark.parametrize("object_id", ["abc", "%C2%B2", "1" * 5000, "99999999999999999999"])
+def test_schedule_run_now_on_an_id_that_is_no_number_is_a_404(admin_client, object_id):
+    response = admin_client.post(f"/admin/django_leasequeue/schedule/{object_id}/run-now/")
+    assert response.status_code == 404
+    assert not Job.objects.exists()

@@ -103,3 +103,16 @@ def test_release_with_the_token_of_a_lease_since_reaped_and_reclaimed_is_refused
     job.refresh_from_db()
     assert (job.status, job.leased_by) == ("leased", "w2")
     assert messages_of(response)[0].startswith("No job was released: skipped 1: 1 × ")
+
+
+def test_select_all_10000_then_confirm_replays_exactly_the_pinned_set_in_one_log_entry(admin_client):
+    dead = make_jobs(10_000, "dead")
+    form = confirm_form(admin_client, dead)
+    assert len(form["lq_ids"]) < 2_621_440  # within Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+    make_jobs(5, "dead")  # dead jobs that arrive after the confirmation are not in its set
+    before = LogEntry.objects.count()
+    response = admin_client.post(JOBS, form, follow=True)
+    assert messages_of(response) == ["Replayed 10,000 jobs: they are ready and due now."]
+    assert Job.objects.filter(status="dead").count() == 5
+    assert Job.objects.filter(pk__in=dead, status="ready").count() == 10_000
+    assert LogEntry.objects.count() == before + 1

@@ -23,7 +23,7 @@ from django.template.response import TemplateResponse
 from .. import store
 from ..models import Job
 from .actions import cancel_jobs, delete_jobs, replay_jobs
-from .common import error_name
+from .common import error_name, parse_id
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -81,10 +81,9 @@ def _pinned_ids(request: HttpRequest) -> list[int] | None:
     raw = request.POST.get(IDS_FIELD)
     if raw is None:
         return None
-    try:
-        return sorted({int(part) for part in raw.split(",") if part})
-    except ValueError:
-        return []
+    # A tampered field (a Unicode digit, a number past bigint) pins nothing rather than a 500.
+    ids = [parse_id(part) for part in raw.split(",") if part]
+    return [] if None in ids else sorted({i for i in ids if i is not None})
 
 
 def allowed(model_admin: ModelAdmin[Any], request: HttpRequest, action: BulkAction) -> bool:

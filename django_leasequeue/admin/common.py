@@ -49,10 +49,29 @@ def _by(request: HttpRequest) -> str:
     return request.user.get_username() or f"user #{request.user.pk}"
 
 
+def parse_id(text: str) -> int | None:
+    """A non-negative bigint written in ASCII digits (``"123"``), or None for anything else.
+
+    ``str.isdigit`` alone is not enough: it accepts ``"²"`` and other Unicode digits that
+    ``int()`` refuses (a 500 from a search box or a posted field), a number past the bigint
+    range would make the database refuse the statement, and past 4300 digits ``int()`` raises.
+
+    Args:
+        text (str): the raw parameter.
+
+    Returns:
+        int | None: the number, within ``0 <= n < 2**63``.
+    """
+    # 2**63 has 19 digits; a longer string is out of range (and past 4300 digits int() raises).
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > 19:
+        return None
+    value = int(text)
+    return value if value < 2**63 else None
+
+
 def search_id(term: str) -> int | None:
     """The row id a search term names (``123`` or ``#123``, within a bigint), or None."""
-    digits = term.lstrip("#")
-    return int(digits) if digits.isdigit() and int(digits) < 2**63 else None
+    return parse_id(term.lstrip("#"))
 
 
 def check_json_field(value: Any, name: str) -> None:

@@ -23,7 +23,7 @@ from .. import store
 from ..models import Dependency, Job
 from . import bulk
 from .actions import ReplayForm, cancel_jobs, release_jobs, replay_jobs, retry_now_jobs, run_now_jobs
-from .common import APP, _JobAdminBase, _parse_time, _pre, _pretty, duration, error_name, search_id
+from .common import APP, _JobAdminBase, _parse_time, _pre, _pretty, duration, error_name, parse_id, search_id
 from .listing import (
     EstimatedCountPaginator,
     HasErrorsFilter,
@@ -503,8 +503,8 @@ class JobAdmin(_JobAdminBase):
     @staticmethod
     def _token(request: HttpRequest, ids: list[int]) -> dict[int, int] | None:
         """The fencing token the operator saw (POST ``lease_version``), for the one job of a button."""
-        raw = request.POST.get("lease_version", "")
-        return {ids[0]: int(raw)} if raw.isdigit() and len(ids) == 1 else None
+        token = parse_id(request.POST.get("lease_version", ""))
+        return {ids[0]: token} if token is not None and len(ids) == 1 else None
 
     def bulk_view(self, request: HttpRequest, action: str) -> HttpResponse:
         """GET: the confirmation page of a bulk action (``replay``, ``cancel``, ``delete``) on every

@@ -18,7 +18,7 @@ from django.utils.functional import cached_property
 from .. import registry, store
 from ..conf import get_settings
 from ..models import QueueState
-from .common import _PaginatorBase
+from .common import _PaginatorBase, parse_id
 
 #: Up to this many matching rows the job list shows an exact count; beyond it, the planner's
 #: estimate (an exact count of a million rows costs a scan per page load).
@@ -131,7 +131,14 @@ class _NameFilter(admin.SimpleListFilter):
         return [(n, self.label(n, names)) for n in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        if "\x00" in value:
+            # PostgreSQL text cannot hold a NUL, so no row has this name; sent as a parameter, the
+            # database would refuse the statement (a 500 from a hand-edited URL).
+            return queryset.none()
+        return queryset.filter(**{self.field: value})
 
 
 class QueueFilter(_NameFilter):
@@ -202,9 +209,10 @@ class WorkflowFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return queryset
-        if not value.isdigit() or int(value) >= 2**63:
+        workflow_id = parse_id(value)
+        if workflow_id is None:
             raise IncorrectLookupParameters(f"workflow id must be a number, got {value!r}")
-        return queryset.filter(workflow_id=int(value))
+        return queryset.filter(workflow_id=workflow_id)
 
 
 class HasErrorsFilter(admin.SimpleListFilter):

@@ -61,7 +61,7 @@ def live_interval(value: str | None, default: int = DEFAULT_INTERVAL) -> int:
     Returns:
         Seconds between polls.
     """
-    if value and value.isdigit() and MIN_INTERVAL <= int(value) <= MAX_INTERVAL:
+    if value and value.isascii() and value.isdigit() and len(value) < 8 and MIN_INTERVAL <= int(value) <= MAX_INTERVAL:
         return int(value)
     return default
 

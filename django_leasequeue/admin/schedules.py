@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -21,7 +21,7 @@ from .. import cron, registry, store
 from ..enqueueing import build_job, insert_jobs
 from ..exceptions import LeaseQueueError
 from ..models import Job, Schedule
-from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field
+from .common import APP, _ScheduleAdminBase, _ScheduleFormBase, check_json_field, parse_id
 from .schedule_history import HISTORY_SHOWN, history_html, in_zone, in_zone_cell
 from .states import time_field
 from .workers import relative
@@ -279,7 +279,10 @@ class ScheduleAdmin(_ScheduleAdminBase):
             return HttpResponseNotAllowed(["POST"])
         if not self.has_change_permission(request):
             raise PermissionDenied
-        schedule = get_object_or_404(Schedule, pk=object_id)
+        schedule_id = parse_id(object_id)  # "abc" or "²" would make the lookup raise ValueError (a 500)
+        if schedule_id is None:
+            raise Http404("no such schedule")
+        schedule = get_object_or_404(Schedule, pk=schedule_id)
         nonce = "".join(c for c in request.POST.get("nonce", "") if c.isalnum())[:32] or None
         run_schedule_now(request, schedule, nonce)
         return HttpResponseRedirect(reverse(f"admin:{APP}_schedule_change", args=[schedule.pk]))

@@ -16,7 +16,7 @@ from django.utils.timesince import timesince
 from .. import store
 from ..models import HaltedSequence, Job, JobStatus
 from .actions import _chunks
-from .common import APP, _by
+from .common import APP, _by, search_id
 from .jobs import JobAdmin, _ids
 from .listing import QueueFilter, TaskFilter
 
@@ -69,9 +69,9 @@ class HaltedSequenceAdmin(JobAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        digits = term.lstrip("#")
-        if digits.isdigit() and int(digits) < 2**63:
-            return queryset.filter(pk=int(digits)) | queryset.filter(sequence_key=term), False
+        row_id = search_id(term)
+        if row_id is not None:
+            return queryset.filter(pk=row_id) | queryset.filter(sequence_key=term), False
         return queryset.filter(sequence_key=term), False
 
     # Halted sequences are dead jobs: users with the job permissions may see them.

@@ -38,7 +38,7 @@ from .. import store
 from ..models import Dependency, Job, JobStatus, Workflow, WorkflowRole
 from ..workflows.handle import PENDING, WorkflowHandle
 from .actions import replay_jobs
-from .common import APP, _by, search_id
+from .common import APP, _by, parse_id, search_id
 from .jobs import STATUS_COLOURS
 from .listing import EstimatedCountPaginator
 from .live import live_response
@@ -449,8 +449,8 @@ class WorkflowAdmin(_WorkflowAdminBase):
             if not ids:
                 messages.warning(request, f"Workflow #{workflow.pk} has no dead job to replay.")
                 return self._back(workflow)
-        elif choice.isdigit() and int(choice) < 2**63 and jobs.filter(pk=int(choice)).exists():
-            ids = [int(choice)]
+        elif (job_id := parse_id(choice)) is not None and jobs.filter(pk=job_id).exists():
+            ids = [job_id]
         else:
             raise Http404(f"no job {choice!r} in workflow #{workflow.pk}")
         replay_jobs(request, ids)

@@ -44,8 +44,11 @@ def make_job(status: str = "ready", **fields: Any) -> Job:
     # A job with a unique key stays as written: leased, it would collide with the active one.
     if status not in ("done", "dead", "cancelled") or values.get("unique_key"):
         return Job.objects.create(**values)
+    # The unique key comes with the move: inserted leased, an active-scope key would collide with
+    # the ready or leased job that holds it (a finished job holds no active key).
+    keys = {name: values.pop(name) for name in ("unique_key", "unique_scope") if name in values}
     job = Job.objects.create(**{**values, "status": "leased", "finished_at": None})
-    Job.objects.filter(id=job.id).update(status=status, finished_at=values["finished_at"])
+    Job.objects.filter(id=job.id).update(status=status, finished_at=values["finished_at"], **keys)
     job.refresh_from_db()
     return job
 

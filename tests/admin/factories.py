@@ -39,10 +39,9 @@ def make_job(status: str = "ready", **fields: Any) -> Job:
 
     A finished job is inserted leased and moved to its status by a second statement, as a worker
     finishes one, so that the chart counters (which count moves, not rows) count it at its
-    ``finished_at`` (a job with a unique key is written finished at once, and not counted)."""
+    ``finished_at``."""
     values = job_fields(status, **fields)
-    # A job with a unique key stays as written: leased, it would collide with the active one.
-    if status not in ("done", "dead", "cancelled") or values.get("unique_key"):
+    if status not in ("done", "dead", "cancelled"):
         return Job.objects.create(**values)
     # The unique key comes with the move: inserted leased, an active-scope key would collide with
     # the ready or leased job that holds it (a finished job holds no active key).

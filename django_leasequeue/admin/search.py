@@ -71,7 +71,7 @@ class IncidentSearchForm(forms.Form):
     """The fields of the incident search (all optional); times are read in the admin's time zone."""
 
     error_type = forms.CharField(required=False, label="error type",
-                                 help_text="ValueError, or the full name (builtins.ValueError)")
+                                 help_text="the class name (ValueError), or its full name with the module")
     error = forms.CharField(required=False, label="error message contains")
     args = forms.CharField(required=False, label="arguments contain",
                            help_text='{"customer": "ACME"} or customer=ACME')

@@ -370,11 +370,12 @@ from .operator import (  # noqa: E402
     CHANGED_MEANWHILE,
     NO_SUCH_JOB,
     REPLAY_SKIP_REASON,
+    skipped_by_reason,
 )
 
 __all__ += ["CANCEL_SKIP_REASON", "CHANGED_MEANWHILE", "DELETE_SKIP_REASON", "JOB_DELETE_FINISHED",
             "JOB_RELEASE_EXPIRED", "JOB_RUN_NOW", "NO_SUCH_JOB", "RELEASE_SKIP_REASON", "REPLAY_SKIP_REASON",
-            "RUN_NOW_SKIP_REASON",
+            "RUN_NOW_SKIP_REASON", "skipped_by_reason",
             "BulkOutcome", "job_delete_finished", "job_release_expired", "job_run_now"]
 
 # The chart counters: the reaper's fold, and the charts' reads.

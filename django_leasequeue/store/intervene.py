@@ -16,7 +16,7 @@ from typing import Any
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _run
 from .maintenance import _STILL_READ, JOB_PRUNE_WORKFLOWS
-from .operator import CHANGED_MEANWHILE, NO_SUCH_JOB
+from .operator import CHANGED_MEANWHILE, NO_SUCH_JOB, skipped_by_reason
 from .workflows import DEPENDENCY_TABLE
 
 # Make ready jobs that are not yet due run now: a retry waiting out its backoff, a snoozed job, a
@@ -58,11 +58,7 @@ woken AS (
     WHERE %(notify)s
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
-       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
-            SELECT coalesce({RUN_NOW_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
-            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
-            WHERE r.id NOT IN (SELECT id FROM changed)
-            GROUP BY 1) AS s),
+       {skipped_by_reason(RUN_NOW_SKIP_REASON, "changed")},
        (SELECT count(*) FROM woken)
 """
 
@@ -167,11 +163,7 @@ woken AS (
     WHERE %(notify)s
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
-       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
-            SELECT coalesce({RELEASE_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
-            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
-            WHERE r.id NOT IN (SELECT id FROM changed)
-            GROUP BY 1) AS s),
+       {skipped_by_reason(RELEASE_SKIP_REASON, "changed")},
        (SELECT count(*) FROM woken)
 """
 
@@ -235,11 +227,7 @@ edges_out AS (
     DELETE FROM {DEPENDENCY_TABLE} d WHERE d.depends_on_id IN (SELECT id FROM deleted)
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM deleted),
-       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
-            SELECT coalesce({DELETE_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
-            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
-            WHERE r.id NOT IN (SELECT id FROM deleted)
-            GROUP BY 1) AS s),
+       {skipped_by_reason(DELETE_SKIP_REASON, "deleted")},
        (SELECT coalesce(array_agg(DISTINCT workflow_id) FILTER (WHERE workflow_id IS NOT NULL), '{{}}')
         FROM deleted)
 """

@@ -24,6 +24,19 @@ NO_SUCH_JOB = "no such job"
 #: The reason given for an id whose row changed between the operator's selection and the write.
 CHANGED_MEANWHILE = "changed by someone else meanwhile"
 
+def skipped_by_reason(reason_sql: str, acted: str) -> str:
+    """SQL of a scalar subquery: the ids of ``%(ids)s`` that the CTE named ``acted`` (with an ``id``
+    column) left alone, counted by ``reason_sql`` (a ``*_SKIP_REASON`` expression over ``j``) as a
+    jsonb object ``{"<reason>": n}``; a row the reason passes but that was not acted on changed
+    meanwhile. Read from the statement's snapshot, as the rows were before it. Shared by every
+    set-based operator write, so all of them report what they skipped in the same way."""
+    return f"""(SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
+            SELECT coalesce({reason_sql}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
+            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
+            WHERE r.id NOT IN (SELECT id FROM {acted})
+            GROUP BY 1) AS s)"""
+
+
 # Cancel many jobs in one statement (the admin's Cancel button and bulk action). A ready job, or a
 # workflow step still waiting for its dependencies, is cancelled at once; a leased job gets
 # cancel_requested, which its worker learns at the next heartbeat (ctx.cancel_requested,
@@ -62,11 +75,7 @@ changed AS (
 )
 -- The ids left alone, counted by why (read from the statement's snapshot, as they were before it).
 SELECT count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'leased'),
-       (SELECT coalesce(jsonb_object_agg(s.reason, s.n), '{{}}'::jsonb) FROM (
-            SELECT coalesce({CANCEL_SKIP_REASON}, '{CHANGED_MEANWHILE}') AS reason, count(*) AS n
-            FROM unnest(%(ids)s::bigint[]) AS r(id) LEFT JOIN {JOB_TABLE} j ON j.id = r.id
-            WHERE r.id NOT IN (SELECT id FROM changed)
-            GROUP BY 1) AS s)
+       {skipped_by_reason(CANCEL_SKIP_REASON, "changed")}
 FROM changed
 """
 

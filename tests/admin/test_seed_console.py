@@ -66,3 +66,17 @@ def test_the_command_seeds_once_rebuilds_with_reset_and_refuses_other_databases(
         call_command("seed_console", "--reset")
     monkeypatch.undo()
     assert Job.objects.count() == jobs
+
+
+def test_reset_leaves_no_row_behind_dependency_edges_included():
+    # The width tests commit the seed and reset() at the end: a dependency edge left behind would
+    # leak into every later test of the run.
+    from invoices.management.commands.seed_console import reset
+
+    from django_leasequeue.models import Dependency, JobStat
+
+    seed()
+    assert Dependency.objects.exists()
+    reset()
+    assert (Dependency.objects.count(), Job.objects.count(), Workflow.objects.count(), JobStat.objects.count()) == (
+        0, 0, 0, 0)

@@ -34,7 +34,16 @@ from django.db import connection, transaction
 from django_leasequeue import chain, group, store
 from django_leasequeue.cron import next_occurrence, occurrences
 from django_leasequeue.enqueueing import build_job
-from django_leasequeue.models import Job, JobStat, QueueState, ReaperSweep, Schedule, WorkerProcess, Workflow
+from django_leasequeue.models import (
+    Dependency,
+    Job,
+    JobStat,
+    QueueState,
+    ReaperSweep,
+    Schedule,
+    WorkerProcess,
+    Workflow,
+)
 from invoices.tasks import flaky_sync, heartbeat, import_order, noop, poison, run_monthly_invoices, send_invoice
 
 #: Words one of which a database name must contain for the command to run without ``--force``.
@@ -301,8 +310,11 @@ def keep_alive() -> None:
 
 
 def reset() -> None:
-    """Delete every queue row: jobs, workflows, schedules, processes, queue states, chart counters."""
+    """Delete every queue row: dependency edges, jobs, workflows, schedules, processes, queue
+    states, chart counters."""
     with transaction.atomic():
+        # The edges first: their foreign keys are DO_NOTHING, so deleting the jobs leaves them.
+        Dependency.objects.all().delete()
         Job.objects.all().delete()
         Workflow.objects.all().delete()
         Schedule.objects.all().delete()

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Count, QuerySet
+from django.db.models import Count, QuerySet, TextField, Value
+from django.db.models.functions import Cast, Concat, Left
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
@@ -27,6 +28,16 @@ _NOT_FILTERS = {"p", "o", "_popup", "_to_field", "e", "all"}
 class DeadLetterChangeList(JobChangeList):
     """The dead-letter list, plus for each dead job on the page that has dependents the number of
     jobs waiting on it, read in one statement for the whole page (none when no row has dependents)."""
+
+    def get_queryset(self, request: HttpRequest,
+                     exclude_parameters: list[str | None] | None = None) -> QuerySet[Any]:
+        # The start of the arguments, for "for whom?" (one line, cut short): the JSON columns
+        # stay deferred, only these 160 characters are read.
+        qs = super().get_queryset(request, exclude_parameters)
+        arguments = Concat(Cast("kwargs", TextField()), Value(" "), Cast("args", TextField()),
+                           output_field=TextField())
+        annotated: QuerySet[Any] = qs.annotate(lq_arguments=Left(arguments, 160))
+        return annotated
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -48,7 +59,8 @@ class DeadLetterAdmin(JobAdmin):
     # No attempts column: a dead job has used its attempts (its page says how many); the width goes
     # to the last error, the column this page is read for.
     # "N jobs wait on this job" shares the Replay button's cell (the fix is to replay it).
-    list_display = ("id", "task_display", "queue_link", "died", "replay_button", "last_error_short")
+    list_display = ("id", "task_display", "queue_link", "died", "replay_button", "arguments_short",
+                    "last_error_short")
     list_filter = (DeadQueueFilter, DeadTaskFilter, IncidentSearchFilter)
     list_display_links = ("id", "task_display")
     sortable_by = ("id", "task_display", "queue_link", "died")
@@ -101,6 +113,13 @@ class DeadLetterAdmin(JobAdmin):
         return format_html('<button type="submit" class="button lq-replay" formaction="{}" formmethod="post" '
                            'name="_from" value="list" data-job="{}">Replay</button>{}', url, obj.pk,
                            self.dependents_waiting(obj))
+
+    @admin.display(description="arguments")
+    def arguments_short(self, obj: Job) -> str:
+        """The job's kwargs, then its args, as JSON on one line (cut short; the whole in the tooltip):
+        who the failure hit, without opening each job."""
+        text = getattr(obj, "lq_arguments", "") or ""
+        return format_html('<span class="lq-args" title="{}">{}</span>', text, text)
 
     @admin.display(description="holds")
     def dependents_waiting(self, obj: Job) -> str:

@@ -188,3 +188,11 @@ def test_the_fields_help_is_shown_where_the_inputs_point(admin_client):
         assert f'aria-describedby="id_{name}_helptext"' in html
         assert f'<div class="help" id="id_{name}_helptext">' in html
     assert "customer=ACME" in html
+
+
+def test_dead_letters_show_for_whom_each_job_failed(admin_client):
+    # "What broke in the last hour, and for whom?": the arguments are on the list, one line each.
+    make_job("dead", kwargs={"customer": "ACME", "order": 9002})
+    html = admin_client.get(DEAD).content.decode()
+    text = "{&quot;order&quot;: 9002, &quot;customer&quot;: &quot;ACME&quot;} []"  # kwargs, then args
+    assert f'<span class="lq-args" title="{text}">{text}</span>' in html

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, QuerySet, TextField, Value
-from django.db.models.functions import Cast, Concat, Left
+from django.db.models.functions import Cast, Concat, Left, NullIf
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
@@ -34,7 +34,9 @@ class DeadLetterChangeList(JobChangeList):
         # The start of the arguments, for "for whom?" (one line, cut short): the JSON columns
         # stay deferred, only these 160 characters are read.
         qs = super().get_queryset(request, exclude_parameters)
-        arguments = Concat(Cast("kwargs", TextField()), Value(" "), Cast("args", TextField()),
+        # Empty kwargs ({}) and args ([]) are left out (NULL in a Concat is "").
+        arguments = Concat(NullIf(Cast("kwargs", TextField()), Value("{}", output_field=TextField())), Value(" "),
+                           NullIf(Cast("args", TextField()), Value("[]", output_field=TextField())),
                            output_field=TextField())
         annotated: QuerySet[Any] = qs.annotate(lq_arguments=Left(arguments, 160))
         return annotated
@@ -118,7 +120,7 @@ class DeadLetterAdmin(JobAdmin):
     def arguments_short(self, obj: Job) -> str:
         """The job's kwargs, then its args, as JSON on one line (cut short; the whole in the tooltip):
         who the failure hit, without opening each job."""
-        text = getattr(obj, "lq_arguments", "") or ""
+        text = (getattr(obj, "lq_arguments", "") or "").strip()
         return format_html('<span class="lq-args" title="{}">{}</span>', text, text)
 
     @admin.display(description="holds")

@@ -134,7 +134,7 @@ def test_import_does_not_import_models():
 LAYERS: dict[str, tuple[str, ...]] = {
     "leaves": ("exceptions", "conf", "cron", "cron.*", "retry", "runtime", "signals", "compat_tasks", "registry",
                "arguments", "payload", "failures", "steps"),
-    "models": ("models",),
+    "models": ("models", "stat_models"),
     "store": ("store", "store.*"),
     "services": ("context", "dependents", "enqueueing", "schedules", "executor", "child", "worker", "worker.*",
                  "processes", "reaper", "scheduler", "health", "health.*", "notify", "workflows", "workflows.*"),

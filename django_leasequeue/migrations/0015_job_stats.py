@@ -31,7 +31,7 @@
 
 from django.db import migrations, models
 
-from django_leasequeue.models import HistogramField
+from django_leasequeue.stat_models import HistogramField
 
 BOUNDS = "'{0.01,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[]"
 SLOTS = range(15)  # width_bucket's results over BOUNDS: 0 .. 14

@@ -6,6 +6,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from django_leasequeue import health, store
+
 
 def make_user(username: str, *codenames: str) -> User:
     """A staff user with the given ``django_leasequeue`` permission codenames."""
@@ -48,3 +50,12 @@ def page(monkeypatch):
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are safe.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     yield from browser.open_browser()
+
+
+@pytest.fixture
+def frozen(monkeypatch):
+    """Every snapshot of the pages at one database instant, so the page and a poll read the same ages."""
+    at = store.db_now()
+    snapshot = health.snapshot
+    monkeypatch.setattr(health, "snapshot", lambda **kw: snapshot(**{"now": at, **kw}))
+    return at

@@ -36,15 +36,6 @@ def _no_settings_schedules(settings):
     settings.LEASEQUEUE_SCHEDULES = {}
 
 
-@pytest.fixture
-def frozen(monkeypatch):
-    """Every snapshot of the pages at one database instant, so the page and a poll read the same ages."""
-    at = store.db_now()
-    snapshot = health.snapshot
-    monkeypatch.setattr(health, "snapshot", lambda **kw: snapshot(**{"now": at, **kw}))
-    return at
-
-
 def gauges() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for family in text_string_to_metric_families(metrics.render().decode()):

@@ -155,8 +155,8 @@ def test_the_list_and_its_poll_agree_on_the_same_filtered_page_of_rows(admin_cli
 # ---- a queue's page ----------------------------------------------------------------------------------
 
 
-def test_a_queues_page_and_its_poll_agree_cost_less_and_refuse_who_the_page_refuses(admin_client):
-    now = store.db_now()
+def test_a_queues_page_and_its_poll_agree_cost_less_and_refuse_who_the_page_refuses(admin_client, frozen):
+    now = frozen
     make_job("ready", queue="odd/name&x", run_at=now - timedelta(minutes=3))
     make_job("dead", queue="odd/name&x")
     page = reverse("admin:django_leasequeue_queue", args=["odd/name&x"])

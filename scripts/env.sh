@@ -76,3 +76,28 @@ ensure_chromium() {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
     || echo "chromium could not be installed: the browser test will be skipped" >&2
 }
+
+# ensure_promtool: install Debian's prometheus package for its promtool, which checks and unit-tests
+# the shipped alert rules (tests/monitoring/test_alert_rules.py; without it that test skips). The
+# package's server is not started: Debian's prometheus.service is enabled through systemd, which
+# a container does not run, and nothing here calls it. Set SKIP_PROMTOOL=1 to skip.
+ensure_promtool() {
+  if [[ "${SKIP_PROMTOOL:-0}" == 1 ]] || command -v promtool >/dev/null 2>&1; then
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "promtool is not installed and apt-get is unavailable: the alert rule tests will be skipped" >&2
+    return 0
+  fi
+  local sudo=""
+  if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; else
+      echo "promtool is not installed and this user cannot apt-get: the alert rule tests will be skipped" >&2
+      return 0
+    fi
+  fi
+  echo "installing prometheus (apt-get) for promtool, which tests the alert rules" >&2
+  # --no-install-recommends: promtool needs none of the web console's JavaScript recommendations.
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null || echo "prometheus could not be installed: the alert rule tests will be skipped" >&2
+}

@@ -139,7 +139,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "services": ("context", "dependents", "enqueueing", "schedules", "executor", "child", "worker", "worker.*",
                  "processes", "reaper", "scheduler", "health", "health.*", "notify", "workflows", "workflows.*"),
     "adapters": ("admin", "admin.*", "backends", "backends.*", "checks", "apps", "views", "urls", "metrics",
-                 "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
+                 "worker_metrics", "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
 }
 LAYER_ORDER = list(LAYERS)
 

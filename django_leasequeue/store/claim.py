@@ -96,6 +96,9 @@ class ClaimedJob:
     created_at: datetime | None = None
     started_at: datetime | None = None
     error_count: int = 0
+    # When the job was due for this attempt (its run_at: the enqueue's, or the retry's backoff);
+    # the worker's wait-time histogram measures from the later of it and created_at.
+    run_at: datetime | None = None
 
 
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
@@ -358,6 +361,7 @@ def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
         at["leased_until_us"]
     i_lease, i_claimed, i_priority = at["lease_seconds"], at["claimed_at_us"], at["priority"]
     i_created, i_started, i_errors = at["created_at_us"], at["started_at_us"], at["error_count"]
+    i_run_at = at["run_at_us"]
 
     def decode(r: Sequence[Any]) -> ClaimedJob:
         # The claim path builds one ClaimedJob per job: filling the frozen dataclass's __dict__ at
@@ -371,6 +375,7 @@ def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
             "lease_seconds": float(r[i_lease]), "claimed_at": _EPOCH + r[i_claimed] * _MICROSECOND,
             "priority": r[i_priority], "created_at": _EPOCH + r[i_created] * _MICROSECOND,
             "started_at": None if started is None else _EPOCH + started * _MICROSECOND, "error_count": r[i_errors],
+            "run_at": _EPOCH + r[i_run_at] * _MICROSECOND,
         })
         return job
 
@@ -386,7 +391,7 @@ def _claim_order(rows: list[Any], names: Sequence[str]) -> list[Any]:
     return rows
 
 
-_TIME_FIELDS = ("leased_until", "claimed_at", "created_at", "started_at")
+_TIME_FIELDS = ("leased_until", "claimed_at", "created_at", "started_at", "run_at")
 
 
 def _connection_zone(alias: str) -> zoneinfo.ZoneInfo | None:

@@ -35,3 +35,12 @@ def test_rule_names_match_the_metrics_we_expose():
                  "leasequeue_jobs_done_recent", "leasequeue_leases_expired", "leasequeue_queue_paused",
                  "leasequeue_workflows_stuck", "leasequeue_reaper_last_sweep_age_seconds"):
         assert name in text and f"``{name}" in doc, name
+
+
+def test_rules_on_the_worker_counters_name_series_the_workers_expose():
+    from django_leasequeue import worker_metrics
+
+    text = (EXAMPLES / "leasequeue-alerts.yml").read_text()
+    doc = worker_metrics.__doc__ or ""
+    for name in ("leasequeue_jobs_dead_lettered_total", "leasequeue_jobs_fenced_out_total"):
+        assert name in text and f"``{name}" in doc, name

@@ -76,7 +76,8 @@ def test_the_decoder_reads_columns_by_name_whatever_their_order():
         id=7, task="t", queue="q", args=[1], kwargs={"a": 2}, attempts=1, max_attempts=3, lease_version=4,
         leased_until=datetime(2023, 11, 14, 22, 13, 50, tzinfo=UTC), lease_seconds=30.0,
         claimed_at=datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC), priority=5,
-        created_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC), started_at=None, error_count=0)
+        created_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC), started_at=None, error_count=0,
+        run_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC))
 
 
 def _squash(sql: str) -> str:

@@ -36,6 +36,11 @@ class Command(BaseCommand):
         parser.add_argument("--execution", choices=EXECUTION_MODES, default=None,
                             help="'thread' runs handlers in the worker's threads; 'process' runs each in a child "
                                  "process killed at its task's timeout (default: LEASEQUEUE['EXECUTION'])")
+        parser.add_argument("--metrics-port", type=int, default=None,
+                            help="serve this worker's Prometheus counters and histograms on this TCP port "
+                                 "(prometheus_client's HTTP server; default: not served)")
+        parser.add_argument("--metrics-addr", default="127.0.0.1",
+                            help="address the metrics server binds (default 127.0.0.1)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_leasequeue.runtime import run_services
@@ -62,6 +67,9 @@ class Command(BaseCommand):
         problem = check_lease_seconds(options["lease"], "--lease") if options["lease"] is not None else None
         if problem:
             raise CommandError(problem)
+        port = options["metrics_port"]
+        if port is not None and not 1 <= port <= 65535:
+            raise CommandError(f"--metrics-port must be a TCP port from 1 to 65535, not {port}")
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
@@ -77,6 +85,15 @@ class Command(BaseCommand):
                 services.append(SchedulerService())
             except ConfigurationError as exc:  # an invalid LEASEQUEUE_SCHEDULES: refuse to start
                 raise CommandError(str(exc))
+        metrics_server = None
+        if port is not None:
+            from django_leasequeue import worker_metrics
+
+            try:  # before any job runs, so that every attempt is counted
+                metrics_server = worker_metrics.serve(port, options["metrics_addr"])
+            except OSError as exc:
+                raise CommandError(f"--metrics-port {port} on {options['metrics_addr']}: cannot serve metrics: {exc}")
+            self.stdout.write(f"metrics: http://{options['metrics_addr']}:{port}/metrics")
         self.stdout.write(
             f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
             f"{worker.concurrency} thread(s), lease {worker.lease:g} s, {worker.execution} execution"
@@ -87,7 +104,12 @@ class Command(BaseCommand):
             self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
                               "for them, so configure LOGGING to see retries and dead letters.")
         self.stdout.flush()
-        code = run_services(services, stop_when=worker.exit_event) or worker.exit_code
+        try:
+            code = run_services(services, stop_when=worker.exit_event) or worker.exit_code
+        finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
         if code:
             raise SystemExit(code)
 

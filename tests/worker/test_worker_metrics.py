@@ -1,6 +1,6 @@
 """``runworker --metrics-port``: a real worker process serves its attempt counters and histograms,
 scraped over HTTP and parsed with prometheus_client's own parser; the figures are a ledger of the
-jobs run (issue 18)."""
+jobs run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The election of the one process that runs the periodic maintenance (issue 18): the store's
+"""The election of the one process that runs the periodic maintenance: the store's
 statement, and workers' reapers pruning finished jobs only when elected."""
 
 from __future__ import annotations

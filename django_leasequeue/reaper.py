@@ -32,9 +32,6 @@ from .processes import RegisteredService, make_process_id
 logger = logging.getLogger("django_leasequeue.reaper")
 
 REAP_BATCH = 500
-#: Seconds between two runs of the periodic maintenance (pruning finished jobs, stale process rows
-#: and rate logs, folding the chart counters) by runreaper or by the worker elected to run it.
-MAINTENANCE_EVERY = 60.0
 
 
 def outage_silence(interval: float) -> float:
@@ -142,7 +139,7 @@ def fold_stats(settings: Settings, *, now: datetime | None = None, alias: str | 
 
 class ReaperService(RegisteredService):
     """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, run the maintenance (prune finished
-    jobs, stale process rows and rate logs, fold the chart counters) every minute. A worker
+    jobs, stale process rows and rate logs, fold the chart counters) every ``MAINTENANCE_INTERVAL``. A worker
     composes one too (never started as a thread of its own): its claim loop calls :meth:`sweep`
     every ``REAPER_INTERVAL`` and :meth:`maintain_if_elected`, so that one worker at a time
     maintains when no runreaper runs.
@@ -198,7 +195,7 @@ class ReaperService(RegisteredService):
         return pruned, stale
 
     def maintain_if_elected(self, now: float) -> bool:
-        """In a worker: when ``MAINTENANCE_EVERY`` seconds have passed since the last look (``now``
+        """In a worker: when ``MAINTENANCE_INTERVAL`` seconds have passed since the last look (``now``
         is ``time.monotonic()``), run :meth:`maintain` if this process is the one elected by
         :func:`store.process_maintainer` (its own live registry row is the lease; a runreaper, then
         the oldest reaping worker, wins). Nothing when ``WORKER_MAINTENANCE`` is False.
@@ -208,7 +205,7 @@ class ReaperService(RegisteredService):
         """
         if not self.settings.worker_maintenance or now < self._next_maintenance:
             return False
-        self._next_maintenance = now + MAINTENANCE_EVERY
+        self._next_maintenance = now + self.settings.maintenance_interval
         elected = store.process_maintainer(alive_within=self.settings.process_alive_within, alias=self.alias)
         if elected != self.process_id:
             return False
@@ -226,7 +223,7 @@ class ReaperService(RegisteredService):
         # runreaper always maintains (the election puts it first, so workers step aside).
         now = time.monotonic()
         if now >= self._next_maintenance:
-            self._next_maintenance = now + MAINTENANCE_EVERY
+            self._next_maintenance = now + self.settings.maintenance_interval
             self.maintain()
         self.beat()
         return self.interval

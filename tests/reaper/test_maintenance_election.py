@@ -11,7 +11,7 @@ from invoices.tasks import flaky_sync
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.conf import build
 from django_leasequeue.models import Job, WorkerProcess
-from django_leasequeue.reaper import MAINTENANCE_EVERY, ReaperService
+from django_leasequeue.reaper import ReaperService
 
 pytestmark = pytest.mark.django_db
 
@@ -66,13 +66,13 @@ def test_only_the_elected_worker_prunes_and_another_takes_over_when_its_row_ages
     assert (second.maintain_if_elected(0.0), first.maintain_if_elected(0.0)) == (False, True)
     assert (first.maintenance_runs, first.pruned, second.maintenance_runs, second.pruned) == (1, 3, 0, 0)
     assert sorted(Job.objects.values_list("id", flat=True)) == recent
-    # Not due again before MAINTENANCE_EVERY seconds (monotonic clock passed in).
+    # Not due again before MAINTENANCE_INTERVAL (60 s) (monotonic clock passed in).
     old_finished_jobs(4, hours=2)
-    assert first.maintain_if_elected(MAINTENANCE_EVERY - 0.1) is False
+    assert first.maintain_if_elected(59.9) is False
     assert first.maintenance_runs == 1
     # The first worker is SIGKILLed: its heartbeat stops and ages past PROCESS_ALIVE_WITHIN (30 s).
     WorkerProcess.objects.filter(pk="h:1:first").update(last_heartbeat_at=store.db_now() - timedelta(seconds=31))
-    assert second.maintain_if_elected(MAINTENANCE_EVERY) is True
+    assert second.maintain_if_elected(60.0) is True
     assert (first.maintenance_runs, first.pruned, second.maintenance_runs, second.pruned) == (1, 3, 1, 4)
     assert sorted(Job.objects.values_list("id", flat=True)) == recent
 

@@ -132,6 +132,12 @@ DEFAULTS: dict[str, Any] = {
     # Finished (done/cancelled) jobs are deleted this many seconds after finishing; None keeps them.
     "RETENTION": 7 * 24 * 3600.0,
     "PRUNE_BATCH": 1000,
+    # Workers elect one of them (through the process registry) to run the periodic maintenance
+    # that runreaper runs: prune finished jobs by RETENTION, stale process rows and rate logs, fold
+    # the chart counters. False: leave it to a runreaper process.
+    "WORKER_MAINTENANCE": True,
+    # Seconds between two runs of that maintenance (by the elected worker, or by runreaper).
+    "MAINTENANCE_INTERVAL": 60.0,
     # Extra modules that register tasks, imported by workers besides each app's tasks.py / jobs.py.
     "IMPORTS": (),
     # A job snoozed more often than this is dead-lettered (a cap on runaway snoozing).
@@ -191,7 +197,7 @@ _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
     "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE", "WORKFLOW_STUCK_AFTER",
-    "STATS_RETENTION",
+    "STATS_RETENTION", "MAINTENANCE_INTERVAL",
 }
 
 #: The longest ``WORKFLOW_STUCK_AFTER``, in seconds (366 days): a workflow idle for a year is stuck
@@ -343,6 +349,8 @@ class Settings:
     prune_batch: int
     imports: tuple[str, ...] = field(default=())
     max_snoozes: int = 100
+    worker_maintenance: bool = True
+    maintenance_interval: float = 60.0
     # ---- monitoring ----
     metrics_tokens: tuple[str, ...] = field(default=(), repr=False)
     metrics_allow_staff: bool = True
@@ -393,9 +401,12 @@ def build(raw: dict[str, Any] | None) -> Settings:
         raise ConfigurationError(
             f"LEASEQUEUE['HEARTBEAT_INTERVAL'] ({heartbeat}) must be > 0 and below LEASE ({lease})"
         )
-    for key in ("POLL_INTERVAL", "REAPER_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX"):
+    for key in ("POLL_INTERVAL", "REAPER_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "MAINTENANCE_INTERVAL"):
         if merged[key] is None or merged[key] <= 0:
             raise ConfigurationError(f"LEASEQUEUE[{key!r}] must be > 0, got {merged[key]!r}")
+    if not isinstance(merged["WORKER_MAINTENANCE"], bool):
+        raise ConfigurationError(f"LEASEQUEUE['WORKER_MAINTENANCE'] must be True or False, "
+                                 f"got {merged['WORKER_MAINTENANCE']!r}")
     if merged["SHUTDOWN_GRACE"] is None or merged["SHUTDOWN_GRACE"] < 0:
         raise ConfigurationError("LEASEQUEUE['SHUTDOWN_GRACE'] must be >= 0")
     if merged["BACKOFF_MAX"] > 100 * 366 * 24 * 3600.0:
@@ -474,6 +485,8 @@ def build(raw: dict[str, Any] | None) -> Settings:
         prune_batch=int(merged["PRUNE_BATCH"]),
         imports=tuple(merged["IMPORTS"]),
         max_snoozes=int(merged["MAX_SNOOZES"]),
+        worker_maintenance=merged["WORKER_MAINTENANCE"],
+        maintenance_interval=merged["MAINTENANCE_INTERVAL"],
         **monitoring,
         rate_limits=rate_limits,
         prefetch_wait=float(merged["PREFETCH_WAIT"]),

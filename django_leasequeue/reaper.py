@@ -10,7 +10,9 @@ the database was unreachable for everyone, or restarted), expired leases are lef
 for one lease period, so that an outage is not read as every worker dying (see ``store.JOB_REAP``).
 
 Runs inside every worker (``WorkerService`` composes a :class:`ReaperService` and calls its
-:meth:`~ReaperService.sweep` every ``REAPER_INTERVAL``) and as ``manage.py runreaper``. Any
+:meth:`~ReaperService.sweep` every ``REAPER_INTERVAL``) and as ``manage.py runreaper``. The periodic
+maintenance (pruning, folding) runs in runreaper and in one worker at a time, the one elected by
+:func:`store.process_maintainer` (see :meth:`ReaperService.maintain_if_elected`). Any
 number may run at once: the statement uses ``SKIP LOCKED`` and a
 compare-and-set on the expired lease, so two reapers never take back the same lease twice.
 
@@ -30,10 +32,6 @@ from .processes import RegisteredService, make_process_id
 logger = logging.getLogger("django_leasequeue.reaper")
 
 REAP_BATCH = 500
-# Seconds between two prunes of stale process rows (the workers' embedded sweep and runreaper).
-PROCESS_PRUNE_EVERY = 60.0
-#: Seconds between two folds of the chart counters by one reaping process.
-STAT_FOLD_EVERY = 60.0
 
 
 def outage_silence(interval: float) -> float:
@@ -140,9 +138,11 @@ def fold_stats(settings: Settings, *, now: datetime | None = None, alias: str | 
 
 
 class ReaperService(RegisteredService):
-    """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, prune finished jobs and stale
-    process rows every minute. A worker composes one too (never started as a thread of its own):
-    its claim loop calls :meth:`sweep` every ``REAPER_INTERVAL``.
+    """``runreaper``: reap every ``REAPER_INTERVAL`` seconds, run the maintenance (prune finished
+    jobs, stale process rows and rate logs, fold the chart counters) every ``MAINTENANCE_INTERVAL``. A worker
+    composes one too (never started as a thread of its own): its claim loop calls :meth:`sweep`
+    every ``REAPER_INTERVAL`` and :meth:`maintain_if_elected`, so that one worker at a time
+    maintains when no runreaper runs.
 
     Args:
         interval: seconds between sweeps (None: ``REAPER_INTERVAL``).
@@ -162,10 +162,11 @@ class ReaperService(RegisteredService):
         self.interval = float(interval or self.settings.reaper_interval)
         self.alias = alias or store.db_alias()
         self.process_id = process_id or make_process_id("reaper")
-        self._runs = 0
-        self._next_process_prune = 0.0
-        self._next_stat_fold = 0.0
+        self._next_maintenance = 0.0
         self.reaped = 0
+        #: Runs of :meth:`maintain` by this process, and the finished jobs they pruned.
+        self.maintenance_runs = 0
+        self.pruned = 0
 
     def sweep(self) -> int:
         """Take back expired leases and dead-letter the jobs of unknown tasks. Returns how many
@@ -173,21 +174,43 @@ class ReaperService(RegisteredService):
         reaped = len(reap_once(alias=self.alias, settings=self.settings, interval=self.interval))
         self.reaped += reaped
         dead_letter_unknown_tasks(self.settings, alias=self.alias, by=self.process_id)
-        # The chart counters are folded once a minute, by whichever process reaps (a worker, or
-        # runreaper): the charts need the fold only for their hourly and daily rows to stay small.
-        clock = time.monotonic()
-        if clock >= self._next_stat_fold:
-            self._next_stat_fold = clock + STAT_FOLD_EVERY
-            fold_stats(self.settings, alias=self.alias)
         return reaped
 
-    def prune_processes_due(self, now: float) -> int:
-        """Prune stale process rows when ``PROCESS_PRUNE_EVERY`` seconds passed since the last
-        prune (``now`` is ``time.monotonic()``); returns the rows deleted."""
-        if now < self._next_process_prune:
-            return 0
-        self._next_process_prune = now + PROCESS_PRUNE_EVERY
-        return prune_processes(self.settings, alias=self.alias)
+    def maintain(self) -> tuple[int, int]:
+        """Run the periodic maintenance once: prune finished jobs past ``RETENTION``, stale
+        process rows and rate logs, and fold the chart counters. Counts the run in
+        :attr:`maintenance_runs` and the jobs pruned in :attr:`pruned`.
+
+        Returns:
+            (finished jobs deleted, stale process rows deleted).
+        """
+        pruned = prune_once(self.settings, alias=self.alias)
+        stale = prune_processes(self.settings, alias=self.alias)
+        fold_stats(self.settings, alias=self.alias)
+        self.maintenance_runs += 1
+        self.pruned += pruned
+        if pruned or stale:
+            logger.info("maintenance by %s: pruned %d finished job(s) and %d stale process row(s)",
+                        self.process_id, pruned, stale)
+        return pruned, stale
+
+    def maintain_if_elected(self, now: float) -> bool:
+        """In a worker: when ``MAINTENANCE_INTERVAL`` seconds have passed since the last look (``now``
+        is ``time.monotonic()``), run :meth:`maintain` if this process is the one elected by
+        :func:`store.process_maintainer` (its own live registry row is the lease; a runreaper, then
+        the oldest reaping worker, wins). Nothing when ``WORKER_MAINTENANCE`` is False.
+
+        Returns:
+            True when this process ran the maintenance.
+        """
+        if not self.settings.worker_maintenance or now < self._next_maintenance:
+            return False
+        self._next_maintenance = now + self.settings.maintenance_interval
+        elected = store.process_maintainer(alive_within=self.settings.process_alive_within, alias=self.alias)
+        if elected != self.process_id:
+            return False
+        self.maintain()
+        return True
 
     def reaps(self) -> bool:
         return True
@@ -197,12 +220,11 @@ class ReaperService(RegisteredService):
 
     def run_once(self) -> float:
         self.sweep()
-        if self._runs % max(1, int(60 / self.interval)) == 0:
-            pruned = prune_once(self.settings, alias=self.alias)
-            stale = prune_processes(self.settings, alias=self.alias)
-            if pruned or stale:
-                logger.info("pruned %d finished job(s) and %d stale process row(s)", pruned, stale)
-        self._runs += 1
+        # runreaper always maintains (the election puts it first, so workers step aside).
+        now = time.monotonic()
+        if now >= self._next_maintenance:
+            self._next_maintenance = now + self.settings.maintenance_interval
+            self.maintain()
         self.beat()
         return self.interval
 

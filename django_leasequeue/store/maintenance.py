@@ -285,6 +285,43 @@ def process_deregister(process_id: str, *, alias: str | None = None) -> None:
     _run(f"DELETE FROM {PROCESS_TABLE} WHERE id = %s", [process_id], alias=alias)
 
 
+# The election of the one process that runs the periodic maintenance (pruning finished jobs,
+# stale process rows and rate logs, folding the chart counters) when no runreaper is split out.
+# The lease is the process row itself: a row counts while its heartbeat is within %(alive)s
+# seconds (PROCESS_ALIVE_WITHIN), so a SIGKILLed or frozen holder loses the election once its
+# heartbeat ages out, and a clean stop (the row deleted) hands it over at the next sweep. A row
+# rather than a session advisory lock: through PgBouncer in transaction mode a session lock stays
+# on a server connection another client may get. Only processes that reap are candidates, a
+# runreaper first (it always maintains, so workers step aside while one lives), then the oldest
+# registration, id breaking ties: every process reads the same winner from the same rows.
+PROCESS_MAINTAINER = f"""
+WITH clock AS MATERIALIZED ({CLOCK})
+SELECT p.id FROM {PROCESS_TABLE} p, clock
+WHERE p.reaps AND p.last_heartbeat_at >= clock.now - make_interval(secs => %(alive)s)
+ORDER BY (p.kind = 'reaper') DESC, p.started_at, p.id
+LIMIT 1
+"""
+
+
+def process_maintainer(*, alive_within: float, now: datetime | None = None, alias: str | None = None) -> str | None:
+    """Return the id of the process elected to run the periodic maintenance, or None.
+
+    The elected process is the live reaping process (heartbeat within ``alive_within``) of kind
+    ``reaper`` if any, else the one registered first (then the smallest id). See
+    ``PROCESS_MAINTAINER``.
+
+    Args:
+        alive_within: seconds (``PROCESS_ALIVE_WITHIN``); an older heartbeat does not count.
+        now: aware datetime instead of the database clock (tests).
+        alias: database alias; default the job table's.
+
+    Returns:
+        The elected process id (``host:pid:name``), or None when no live process reaps.
+    """
+    rows = _run(PROCESS_MAINTAINER, {"now": now, "alive": float(alive_within)}, alias=alias).rows
+    return str(rows[0][0]) if rows else None
+
+
 PROCESS_PRUNE = f"""
 WITH clock AS MATERIALIZED ({CLOCK})
 DELETE FROM {PROCESS_TABLE} p USING clock

@@ -274,7 +274,7 @@ class WorkerService(RegisteredService):
             self._next_reap = now + self.reaper.interval
             self._flush_before_sweep()
             self.reaper.sweep()
-            self.reaper.prune_processes_due(now)
+            self.reaper.maintain_if_elected(now)
         delay = self.producer.claim()
         if delay is not None:
             return delay

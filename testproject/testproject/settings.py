@@ -100,6 +100,10 @@ LEASEQUEUE = {
     "UNKNOWN_TASK_GRACE": float(os.environ.get("LEASEQUEUE_UNKNOWN_TASK_GRACE", "300")),
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
     # The TASKS queues below stay allowed (system check leasequeue.E103).
+    # The maintenance tests: a short cadence and alive threshold, so that failover shows in seconds.
+    "MAINTENANCE_INTERVAL": float(os.environ.get("LEASEQUEUE_MAINTENANCE_INTERVAL", "60")),
+    "PROCESS_ALIVE_WITHIN": (float(os.environ["LEASEQUEUE_PROCESS_ALIVE_WITHIN"])
+                             if os.environ.get("LEASEQUEUE_PROCESS_ALIVE_WITHIN") else None),
     "QUEUES": ({"default": {}, "invoices": {}, **json.loads(os.environ["LEASEQUEUE_QUEUES"])}
                if os.environ.get("LEASEQUEUE_QUEUES") else None),
 }

@@ -207,3 +207,40 @@ def test_a_queue_that_has_no_job_and_that_nothing_names_is_a_warning_not_ok(now,
     for name in ("paused-once", "reports", "bulk"):
         assert queuehealth("--queue", name).code == 0, name
     assert queuehealth("--queue", "emials", "--json").json["checks"][0]["level"] == "WARNING"
+
+
+def live_worker(name: str = "w1") -> None:
+    store.process_register(process_id=f"h:1:{name}", kind="worker", host="h", pid=1, queues=None, concurrency=1)
+
+
+@pytest.mark.django_db
+def test_default_thresholds_no_live_worker_is_critical_and_an_old_ready_job_warns(now):
+    """A bare ``queuehealth`` used to exit 0 with no worker at all."""
+    run = queuehealth("--json", defaults=True)
+    assert (run.code, run.json["status"]) == (2, "CRITICAL")
+    assert [(c["check"], c["scope"], c["level"], c["warning"], c["critical"]) for c in run.json["checks"]] == [
+        ("oldest_ready_age", "*", "OK", 300.0, None), ("workers", "*", "CRITICAL", None, 1.0)]
+    live_worker()
+    make_job(run_at=ago(now, 299))
+    assert queuehealth(defaults=True).code == 0  # 299 s (plus the test's own seconds) is within 300 s
+    make_job(run_at=ago(now, 301))
+    run = queuehealth(defaults=True)
+    assert run.code == 1
+    assert run.output.startswith("QUEUEHEALTH WARNING - oldest due job in any queue waits 30")
+    # --no-default-thresholds: only the thresholds given, none here.
+    WorkerProcess.objects.all().delete()
+    assert queuehealth("--no-default-thresholds", defaults=True).code == 0
+
+
+@pytest.mark.django_db
+def test_an_explicit_flag_replaces_its_default_and_keeps_the_other(now):
+    make_job(run_at=ago(now, 400))
+    # The age default gives way to --max-oldest-age 600; the worker default still applies.
+    run = queuehealth("--max-oldest-age", "600", defaults=True)
+    assert run.code == 2 and "0 alive worker(s)" in run.output.splitlines()[0]
+    live_worker()
+    assert queuehealth("--max-oldest-age", "600", defaults=True).code == 0
+    assert queuehealth(defaults=True).code == 1  # the default 300 s warning
+    # --min-workers 2: (warn below 2) replaces "critical below 1": one live worker warns.
+    run = queuehealth("--min-workers", "2:", "--max-oldest-age", "600", defaults=True)
+    assert run.code == 1 and "1 alive worker(s)" in run.output.splitlines()[0]

@@ -49,8 +49,10 @@ def test_stale_rows_are_pruned_after_process_prune_after(now):
 def test_the_workers_embedded_sweep_prunes_stale_process_rows(now):
     register(9, at=ago(now, 3600))  # a SIGKILLed worker never deregisters
     worker = WorkerService(concurrency=1, notify=False, reap=True)
+    worker.register()  # the only live reaping process: elected to run the maintenance
     worker.run_once()
     assert not WorkerProcess.objects.filter(id="h:9:worker").exists()
+    assert worker.reaper.maintenance_runs == 1
 
 
 def test_a_reaper_whose_row_was_pruned_registers_again(now):

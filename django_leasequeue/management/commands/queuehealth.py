@@ -12,6 +12,11 @@ Examples::
     manage.py queuehealth --max-stuck-workflows 0: # warn on any workflow without progress for an hour
     manage.py queuehealth --max-stuck-workflows 0: --workflow-stuck-after 6h
     manage.py queuehealth --lease-report
+    manage.py queuehealth --no-default-thresholds   # only the checks given (none: always OK)
+
+Without flags it checks the defaults: no live worker is CRITICAL, a ready job older than 300 s
+warns (:data:`DEFAULT_MIN_WORKERS`, :data:`DEFAULT_MAX_OLDEST_AGE`); an explicit
+``--min-workers`` or ``--max-oldest-age`` replaces its default.
 
 The first line of the text output is the plugin status line (``QUEUEHEALTH CRITICAL - ... |
 perfdata``); a table of every queue, the processes and the workflows follows. Bad arguments and an unreachable
@@ -34,6 +39,13 @@ from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.health import Level
 
 UNKNOWN = int(Level.UNKNOWN)
+
+#: The checks made when their flag is not given (``--no-default-thresholds`` turns them off): no
+#: live worker is critical (``--min-workers 1``), and a ready job waiting more than 300 s warns
+#: (``--max-oldest-age 300:``), so that a bare ``queuehealth`` catches a deployment whose workers
+#: are all gone or fall behind. An explicit flag replaces its default.
+DEFAULT_MIN_WORKERS = health.Threshold(critical=1.0, direction="min")
+DEFAULT_MAX_OLDEST_AGE = health.Threshold(warning=300.0, direction="max")
 
 
 def _threshold(direction: str, duration: bool) -> Callable[[str], health.Threshold]:
@@ -110,6 +122,9 @@ class Command(BaseCommand):
         parser.add_argument("--lease-window", type=_duration, default=86400.0, metavar="SECONDS",
                             help="history the lease report covers (default 86400 = 1 day)")
         parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+        parser.add_argument("--no-default-thresholds", action="store_true",
+                            help="check only the thresholds given: no default --min-workers 1 (no live worker "
+                                 "is critical) nor --max-oldest-age 300: (a ready job waiting over 300 s warns)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -155,8 +170,12 @@ class Command(BaseCommand):
         dead, window = None, 300.0
         if options["max_dead"]:
             dead, window = health.parse_rate(options["max_dead"])
+        oldest, workers = options["max_oldest_age"], options["min_workers"]
+        if not options.get("no_default_thresholds"):
+            oldest = DEFAULT_MAX_OLDEST_AGE if oldest is None else oldest
+            workers = DEFAULT_MIN_WORKERS if workers is None else workers
         return health.Checks(
-            max_oldest_age=options["max_oldest_age"], max_dead=dead, min_workers=options["min_workers"],
+            max_oldest_age=oldest, max_dead=dead, min_workers=workers,
             max_scheduler_lag=options["max_scheduler_lag"], max_stuck=options["max_stuck"],
             max_stuck_workflows=options["max_stuck_workflows"], queues=tuple(options["queue"]),
             ignore_paused=options["ignore_paused"],

@@ -76,3 +76,27 @@ ensure_chromium() {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
     || echo "chromium could not be installed: the browser test will be skipped" >&2
 }
+
+# ensure_pgbouncer: install Debian's pgbouncer for the tests that run the library through it
+# (tests/pgbouncer/) when it is missing. Only the binary is used: the distribution's service is
+# never started, the tests start their own pgbouncer processes on free ports and stop them after.
+# Set SKIP_PGBOUNCER=1 to skip; those tests then skip themselves with the reason.
+ensure_pgbouncer() {
+  if [[ "${SKIP_PGBOUNCER:-0}" == 1 ]] || command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]; then
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "pgbouncer is not installed and apt-get is unavailable: the PgBouncer tests will be skipped" >&2
+    return 0
+  fi
+  local sudo=""
+  if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; else
+      echo "pgbouncer is not installed and this user cannot apt-get: the PgBouncer tests will be skipped" >&2
+      return 0
+    fi
+  fi
+  echo "installing pgbouncer (apt-get) for the PgBouncer tests" >&2
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq pgbouncer >/dev/null \
+    || echo "pgbouncer could not be installed: the PgBouncer tests will be skipped" >&2
+}

@@ -54,50 +54,45 @@ lts_venv() {
   make_venv "$ROOT/.venv-dj52" "$py" -e "$ROOT[dev,tasks-backport]" "Django>=5.2,<5.3"
 }
 
-# ensure_chromium: install Debian's chromium for the admin's real-browser test when it is missing
-# (the Playwright Python package drives it; `playwright install` is never run, browsers come from
-# the distribution). Set SKIP_BROWSER=1 to skip; the test then skips itself with the reason.
-ensure_chromium() {
-  if [[ "${SKIP_BROWSER:-0}" == 1 ]] || command -v chromium >/dev/null 2>&1 || [[ -x /usr/bin/chromium ]]; then
-    return 0
-  fi
+# apt_install COMMAND PACKAGE WHAT [APT-ARGS...]: install Debian's PACKAGE when the executable
+# COMMAND is missing, for the tests WHAT names; without apt-get, or as a user who cannot use it, say
+# which tests will skip and go on. A distribution service the package ships is never started (a
+# container runs no systemd; the tests start their own processes on free ports).
+apt_install() {
+  local cmd="$1" package="$2" what="$3"; shift 3
+  if command -v "$cmd" >/dev/null 2>&1 || [[ -x "/usr/sbin/$cmd" || -x "/usr/bin/$cmd" ]]; then return 0; fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "chromium is not installed and apt-get is unavailable: the browser test will be skipped" >&2
+    echo "$cmd is not installed and apt-get is unavailable: $what will be skipped" >&2
     return 0
   fi
   local sudo=""
   if [[ "$(id -u)" != 0 ]]; then
     if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; else
-      echo "chromium is not installed and this user cannot apt-get: the browser test will be skipped" >&2
+      echo "$cmd is not installed and this user cannot apt-get: $what will be skipped" >&2
       return 0
     fi
   fi
-  echo "installing chromium (apt-get) for the admin browser test" >&2
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
-    || echo "chromium could not be installed: the browser test will be skipped" >&2
+  echo "installing $package (apt-get) for $what" >&2
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" \
+    "$package" >/dev/null || echo "$package could not be installed: $what will be skipped" >&2
 }
 
-# ensure_promtool: install Debian's prometheus package for its promtool, which checks and unit-tests
-# the shipped alert rules (tests/monitoring/test_alert_rules.py; without it that test skips). The
-# package's server is not started: Debian's prometheus.service is enabled through systemd, which
-# a container does not run, and nothing here calls it. Set SKIP_PROMTOOL=1 to skip.
+# ensure_chromium: Debian's chromium for the admin's real-browser test (the Playwright Python
+# package drives it; `playwright install` is never run, browsers come from the distribution).
+# SKIP_BROWSER=1 skips; the test then skips itself with the reason.
+ensure_chromium() {
+  [[ "${SKIP_BROWSER:-0}" == 1 ]] || apt_install chromium chromium "the admin browser test"
+}
+
+# ensure_promtool: Debian's prometheus package for its promtool, which checks and unit-tests the
+# shipped alert rules (tests/monitoring/test_alert_rules.py); it needs none of the web console's
+# recommended JavaScript packages. SKIP_PROMTOOL=1 skips.
 ensure_promtool() {
-  if [[ "${SKIP_PROMTOOL:-0}" == 1 ]] || command -v promtool >/dev/null 2>&1; then
-    return 0
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "promtool is not installed and apt-get is unavailable: the alert rule tests will be skipped" >&2
-    return 0
-  fi
-  local sudo=""
-  if [[ "$(id -u)" != 0 ]]; then
-    if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; else
-      echo "promtool is not installed and this user cannot apt-get: the alert rule tests will be skipped" >&2
-      return 0
-    fi
-  fi
-  echo "installing prometheus (apt-get) for promtool, which tests the alert rules" >&2
-  # --no-install-recommends: promtool needs none of the web console's JavaScript recommendations.
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    prometheus >/dev/null || echo "prometheus could not be installed: the alert rule tests will be skipped" >&2
+  [[ "${SKIP_PROMTOOL:-0}" == 1 ]] || apt_install promtool prometheus "the alert rule tests" --no-install-recommends
+}
+
+# ensure_pgbouncer: Debian's pgbouncer for the tests that run the library through it
+# (tests/pgbouncer/, which start their own pgbouncer processes). SKIP_PGBOUNCER=1 skips.
+ensure_pgbouncer() {
+  [[ "${SKIP_PGBOUNCER:-0}" == 1 ]] || apt_install pgbouncer pgbouncer "the PgBouncer tests"
 }

@@ -1,0 +1,44 @@
+"""Workers connected through PgBouncer: transaction mode with ``--no-notify``, session mode with
+``LISTEN``. Ledger: jobs in = jobs done, one handler execution (``qa.Execution`` row) per job."""
+
+import pytest
+from django.db import connection
+from qa.models import Effect, Execution, Probe
+
+from django_leasequeue import enqueue_many
+from django_leasequeue.models import Job
+
+pytestmark = pytest.mark.process
+
+JOBS = 200
+
+
+@pytest.mark.parametrize(("mode", "flags"), [("transaction", ["--no-notify"]), ("session", [])])
+def test_burst_worker_through_pgbouncer_runs_every_job_once(spawn, pgbouncer, mode, flags):
+    bouncer = pgbouncer(mode)
+    assert enqueue_many("qa.record", [([], {"tag": f"pgb-{mode}"}) for _ in range(JOBS)]) == JOBS
+    worker = spawn("runworker", "--burst", "--concurrency", "4", *flags, env=bouncer.env())
+    assert worker.wait(60) == 0, worker.output() + bouncer.output()
+    assert Job.objects.filter(task="qa.record", status="done").count() == JOBS
+    assert Job.objects.filter(task="qa.record").exclude(status="done").count() == 0
+    assert Execution.objects.filter(tag=f"pgb-{mode}").count() == JOBS
+    assert Execution.objects.filter(tag=f"pgb-{mode}").values("job_id").distinct().count() == JOBS
+    # The worker really went through this pgbouncer (not straight to PostgreSQL).
+    assert f"db={connection.settings_dict['NAME']}" in bouncer.output(), bouncer.output()
+
+
+def test_fenced_atomic_through_transaction_pooling(spawn, pgbouncer):
+    """``fenced_atomic()`` (row lock, the handler's write, the completion: one transaction) keeps
+    its guarantees when each transaction may get another server connection."""
+    bouncer = pgbouncer("transaction")
+    n = 100
+    assert enqueue_many("qa.fenced_effect", [([], {"key": f"pgb-{i}"}) for i in range(n)]) == n
+    worker = spawn("runworker", "--burst", "--concurrency", "4", "--no-notify", env=bouncer.env())
+    assert worker.wait(60) == 0, worker.output() + bouncer.output()
+    assert Job.objects.filter(task="qa.fenced_effect", status="done").count() == n
+    assert Effect.objects.count() == n
+    assert Effect.objects.values("key").distinct().count() == n
+    assert Probe.objects.filter(kind="fenced", ok=True).count() == n
+    assert Probe.objects.filter(ok=False).count() == 0
+    assert Execution.objects.filter(tag__startswith="pgb-").count() == n
+    assert f"db={connection.settings_dict['NAME']}" in bouncer.output(), bouncer.output()

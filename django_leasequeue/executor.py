@@ -49,6 +49,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .failures import MAX_MESSAGE, describe_error, storable_text
+from .logging import attempt_fields
 from .payload import encode_result
 from .retry import Backoff, RetryDecision, clamp_delay, decide
 from .runtime import close_broken_connections, is_connection_error
@@ -254,6 +255,13 @@ class Executor:
                 exits without running it and the outcome is ``"not_started"`` (nothing is written:
                 the caller gives the job back).
         """
+        # Every record logged while the attempt runs on this thread (the handler's own, the
+        # executor's) carries the job's fields in the JSON log format (django_leasequeue.logging).
+        with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version):
+            return self._run(job, ctx, child=child, may_start=may_start)
+
+    def _run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool,
+             may_start: Callable[[], bool] | None) -> str:
         fields = job_fields(job)
         if signals.enabled("claimed"):
             signals.emit("claimed", **fields)

@@ -133,7 +133,7 @@ def test_import_does_not_import_models():
 # package's __init__ (the public facade).
 LAYERS: dict[str, tuple[str, ...]] = {
     "leaves": ("exceptions", "conf", "cron", "cron.*", "retry", "runtime", "signals", "compat_tasks", "registry",
-               "arguments", "payload", "failures", "steps"),
+               "arguments", "payload", "failures", "steps", "logging"),
     "models": ("models", "stat_models"),
     "store": ("store", "store.*"),
     "services": ("context", "dependents", "enqueueing", "schedules", "executor", "child", "worker", "worker.*",

@@ -54,6 +54,12 @@ lts_venv() {
   make_venv "$ROOT/.venv-dj52" "$py" -e "$ROOT[dev,tasks-backport]" "Django>=5.2,<5.3"
 }
 
+# The Django 6.0 environment: Python 3.13 with Django 6.0 (the first release with django.tasks).
+dj60_venv() {
+  local py; py="$(find_python 3.13)" || { echo "need Python 3.13" >&2; exit 1; }
+  make_venv "$ROOT/.venv-dj60" "$py" -e "$ROOT[dev]" "Django>=6.0,<6.1"
+}
+
 # apt_install COMMAND PACKAGE WHAT [APT-ARGS...]: install Debian's PACKAGE when the executable
 # COMMAND is missing, for the tests WHAT names; without apt-get, or as a user who cannot use it, say
 # which tests will skip and go on. A distribution service the package ships is never started (a

@@ -2,8 +2,9 @@
 
 ``settings.TASKS`` points the framework at ``django_leasequeue.backends.LeaseQueueBackend``, so these
 run on ``manage.py runworker`` with leases, heartbeats, retries with backoff and dead letters. The
-extra ``@task`` keywords (``max_attempts``, ``backoff``, ``lease``) need Django 6.1 or the backport;
-on Django 6.0 put ``@task_options(...)`` from ``django_leasequeue.backends`` under ``@task``.
+queue's options (``max_attempts``, ``backoff``, ``lease``) are given with ``@task_options(...)`` under
+``@task``, which every supported Django accepts: Django 6.0's ``@task`` takes no extra keywords (6.1
+and the backport also accept ``@task(max_attempts=5, ...)``).
 """
 
 import time
@@ -15,10 +16,13 @@ try:
 except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks import task
 
+from django_leasequeue.backends import task_options
+
 from .models import Account, FlakyAttempt, Invoice
 
 
-@task(takes_context=True, queue_name="invoices", max_attempts=5, lease=10)
+@task(takes_context=True, queue_name="invoices")
+@task_options(max_attempts=5, lease=10)
 def send_invoice(context, account_id: int, period: str, work_seconds: float = 0.0) -> dict:
     """Send the invoice of ``account_id`` for ``period`` ("YYYY-MM") exactly once.
 
@@ -38,7 +42,8 @@ def send_invoice(context, account_id: int, period: str, work_seconds: float = 0.
     return {"invoice": invoice.pk, "created": created, "attempt": context.attempt}
 
 
-@task(max_attempts=4, backoff=0.2)
+@task
+@task_options(max_attempts=4, backoff=0.2)
 def flaky_sync(key: str, failures: int = 2) -> str:
     """Fail the first ``failures`` attempts (a partner API that times out), then succeed."""
     row, _ = FlakyAttempt.objects.get_or_create(key=key)
@@ -49,7 +54,8 @@ def flaky_sync(key: str, failures: int = 2) -> str:
     return f"synced {key} after {row.tries} tries"
 
 
-@task(max_attempts=3, backoff=0.1)
+@task
+@task_options(max_attempts=3, backoff=0.1)
 def poison(payload: dict) -> None:
     """Always fails: the payload is malformed. Ends in the dead letters, inspectable and replayable."""
     raise ValueError(f"malformed payload: missing 'customer' in {sorted(payload)}")

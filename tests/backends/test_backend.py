@@ -7,7 +7,6 @@ import os
 import sys
 from datetime import timedelta
 
-import django
 import pytest
 from django.test import override_settings
 from invoices import framework_tasks
@@ -17,7 +16,6 @@ from invoices.tasks import flaky_sync as native_flaky_sync
 from django_leasequeue import reaper, registry, store
 from django_leasequeue.backends import LeaseQueueBackend, registered_framework_tasks
 from django_leasequeue.compat_tasks import (
-    FRAMEWORK,
     InvalidTask,
     InvalidTaskBackend,
     TaskResultDoesNotExist,
@@ -30,9 +28,7 @@ from django_leasequeue.models import Job
 
 from . import fw_tasks
 from .conftest import drain
-
-# Django 6.1 and the backport (0.12) pass extra @task(...) keywords to the backend's task_class.
-TASK_KWARGS = FRAMEWORK == "django_tasks" or django.VERSION >= (6, 1)
+from .fw_tasks import TASK_KWARGS
 
 TASKS = {"default": {"BACKEND": "django_leasequeue.backends.LeaseQueueBackend", "QUEUES": ["default", "invoices"]}}
 

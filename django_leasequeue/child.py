@@ -61,7 +61,7 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
     django.setup()
     from django.db import connections
 
-    from . import registry
+    from . import registry, tracing
     from .context import JobContext
     from .exceptions import JobCancelled, LeaseLost, PayloadNotSerializable, Snooze
     from .failures import describe_error
@@ -89,9 +89,11 @@ def main(conn: Any, payload: dict[str, Any]) -> None:
         args = list(payload["args"])
         if spec.takes_context:
             args.insert(0, ctx)
-        result = spec.func(*args, **payload["kwargs"])
-        if inspect.iscoroutine(result):
-            result = asyncio.run(result)
+        # The handler's spans are children of the worker's process span (when both processes trace).
+        with tracing.run_in_carrier(payload.get("trace_parent")):
+            result = spec.func(*args, **payload["kwargs"])
+            if inspect.iscoroutine(result):
+                result = asyncio.run(result)
         if isinstance(result, Snooze):
             raise result
         result_json = None if result is None else json_dumps_result(result)

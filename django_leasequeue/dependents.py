@@ -8,11 +8,12 @@ into :class:`~django_leasequeue.exceptions.EnqueueError` and sends the ``enqueue
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import signals
+from . import signals, tracing
 from .conf import get_settings
 from .exceptions import EnqueueError
 
@@ -92,6 +93,14 @@ def insert_dependent(new: NewJob, dependency_ids: list[int], policy: str) -> Job
     return Job.objects.using(alias).get(id=job_id)
 
 
+def _send_span(jobs: Sequence[NewJob], *, batch: bool) -> AbstractContextManager[tracing.Sending]:
+    """The send span of one insert of workflow jobs: named after their queue when they share one."""
+    queues = {job.queue for job in jobs}
+    tasks = {job.task for job in jobs}
+    return tracing.send_span(next(iter(queues)) if len(queues) == 1 else None,
+                             next(iter(tasks)) if len(tasks) == 1 else None, batch=batch)
+
+
 def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: str | None = None) -> list[int]:
     """Insert the jobs of a workflow (or one job with dependencies) in the caller's transaction,
     with their dependency edges, and send their ``enqueued`` events.
@@ -110,11 +119,14 @@ def insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, alias: st
     from . import store
 
     settings = get_settings()
-    try:
-        ids = store.workflow_insert_steps(workflow_id, steps, alias=alias,
-                                          channel=settings.notify_channel if settings.notify else None)
-    except LookupError as exc:
-        raise EnqueueError(str(exc)) from None
+    with _send_span([step.job for step in steps], batch=workflow_id is not None) as sending:
+        try:
+            ids = store.workflow_insert_steps(workflow_id, steps, alias=alias,
+                                              channel=settings.notify_channel if settings.notify else None,
+                                              trace_context=sending.carrier)
+        except LookupError as exc:
+            raise EnqueueError(str(exc)) from None
+        sending.sent(ids)
     if ids and signals.enabled("enqueued"):
         for job_id, step in zip(ids, steps, strict=True):
             signals.announce_enqueued(job_id, step.job.task, step.job.queue)
@@ -136,8 +148,11 @@ def insert_members(workflow_id: int, members: NewMembers, *, alias: str | None =
     from . import store
 
     settings = get_settings()
-    ids = store.workflow_insert_members(workflow_id, members, alias=alias,
-                                        channel=settings.notify_channel if settings.notify else None)
+    with _send_span(members.templates, batch=True) as sending:
+        ids = store.workflow_insert_members(workflow_id, members, alias=alias,
+                                            channel=settings.notify_channel if settings.notify else None,
+                                            trace_context=sending.carrier)
+        sending.sent(ids)
     if ids and signals.enabled("enqueued"):
         shape = members.shape or [0] * len(ids)
         for job_id, index in zip(ids, shape, strict=True):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, Unpack, overload
 
-from . import signals
+from . import signals, tracing
 from .arguments import (
     MAX_CONCURRENCY_LIMIT,
     JobOptions,
@@ -472,12 +472,23 @@ def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
         # One clock reading decides the window and stamps created_at, so the job lies in its window.
         now = now or store.db_now(alias)
         new = dataclasses.replace(new, unique_key=throttle_key(new.unique_key or "", new.throttle or 1, now))
+    with tracing.send_span(new.queue, new.task) as sending:
+        job, created = _insert_one(new, now, alias, settings, sending.carrier)
+        sending.sent([job.id], created=created)
+    return job, created
+
+
+def _insert_one(new: NewJob, now: datetime | None, alias: str, settings: Settings,
+                trace_context: Mapping[str, str] | None) -> tuple[Job, bool]:
+    """:func:`insert_job`'s statements, with the trace context of its send span (or None)."""
+    from . import store
+
     # A unique key held by a job in "active" scope can be released between our failed insert and
     # the lookup (the job finished); then we insert again. Two rounds are enough in practice.
     for _ in range(5):
         if new.unique_mode in ("replace", "debounce"):
             replaced = store.job_insert_replacing(new, notify=settings.notify, channel=settings.notify_channel,
-                                                  now=now, alias=alias)
+                                                  now=now, alias=alias, trace_context=trace_context)
             if replaced is not None:
                 if replaced[1] and signals.enabled("enqueued"):
                     signals.announce_enqueued(replaced[0].id, replaced[0].task, replaced[0].queue)
@@ -485,7 +496,7 @@ def insert_job(new: NewJob, *, now: datetime | None = None) -> tuple[Job, bool]:
             job = None
         else:
             job = store.job_insert_one(new, notify=settings.notify, channel=settings.notify_channel, now=now,
-                                       alias=alias)
+                                       alias=alias, trace_context=trace_context)
         if job is not None:
             if signals.enabled("enqueued"):
                 signals.announce_enqueued(job.id, job.task, job.queue)
@@ -519,7 +530,15 @@ def insert_jobs(new_jobs: Sequence[NewJob], *, now: datetime | None = None, alia
             raise EnqueueError(f"unique_mode={new.unique_mode!r} is for one job at a time (enqueue()); "
                                "a bulk insert only keeps the holder of a taken key")
     settings = settings or get_settings()
-    rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now, alias=alias)
+    if not new_jobs:
+        return []
+    queues = {new.queue for new in new_jobs}
+    tasks = {new.task for new in new_jobs}
+    with tracing.send_span(next(iter(queues)) if len(queues) == 1 else None,
+                           next(iter(tasks)) if len(tasks) == 1 else None, batch=True) as sending:
+        rows = store.job_insert(new_jobs, notify=settings.notify, channel=settings.notify_channel, now=now,
+                                alias=alias, trace_context=sending.carrier)
+        sending.sent([job.id for job in rows])
     if rows and signals.enabled("enqueued"):
         for job in rows:
             signals.announce_enqueued(job.id, job.task, job.queue, **(event_fields(job) if event_fields else {}))
@@ -583,12 +602,15 @@ def enqueue_many(task_or_name: TaskSpec[..., Any] | str,
     for a, kw in pairs:
         check_arguments_bind(task_spec, a, kw)
     total = 0
-    for args_json, kwargs_json in chunks:
-        count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
-                                           channel=settings.notify_channel, want_ids=report)
-        total += count
-        for job_id in ids:
-            signals.announce_enqueued(job_id, template.task, template.queue)
+    with tracing.send_span(template.queue, template.task, batch=True) as sending:
+        for args_json, kwargs_json in chunks:
+            count, ids = store.job_insert_many(template, args_json, kwargs_json, notify=settings.notify,
+                                               channel=settings.notify_channel, want_ids=report,
+                                               trace_context=sending.carrier)
+            total += count
+            for job_id in ids:
+                signals.announce_enqueued(job_id, template.task, template.queue)
+        sending.sent(count=total)
     return total
 
 
@@ -608,5 +630,6 @@ def enqueue_on_commit(task_or_name: TaskSpec[..., Any] | str, args: Sequence[Any
 
     task_spec = resolve_task(task_or_name)
     new = build_job(task_spec, args, kwargs, **options)  # validate and snapshot the arguments now
-    transaction.on_commit(lambda: insert_job(new), using=store.db_alias())
+    # The send span opens at the commit, as a child of the span current now (the request's).
+    transaction.on_commit(tracing.bind_current_context(lambda: insert_job(new)), using=store.db_alias())
 

@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
-from . import child, registry, signals, store
+from . import child, registry, signals, store, tracing
 from .conf import Settings
 from .context import JobContext
 from .exceptions import (
@@ -256,9 +256,15 @@ class Executor:
                 the caller gives the job back).
         """
         # Every record logged while the attempt runs on this thread (the handler's own, the
-        # executor's) carries the job's fields in the JSON log format (django_leasequeue.logging).
-        with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version):
-            return self._run(job, ctx, child=child, may_start=may_start)
+        # executor's) carries the job's fields in the JSON log format (django_leasequeue.logging),
+        # and the attempt's "process" span (OpenTelemetry, when configured) is the parent of the
+        # handler's own spans. A success is handed to the batched completer inside the span; the
+        # span ends before the completer's write.
+        with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version), \
+                tracing.process_span(job, ctx):
+            outcome = self._run(job, ctx, child=child, may_start=may_start)
+            tracing.attempt_ended(ctx, outcome)
+            return outcome
 
     def _run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool,
              may_start: Callable[[], bool] | None) -> str:
@@ -385,7 +391,9 @@ class Executor:
                            "max_attempts": ctx.max_attempts, "lease_version": ctx.lease_version,
                            "worker_id": ctx.worker_id, "leased_until": ctx.leased_until,
                            "lease_seconds": ctx.lease_seconds, "alias": ctx.alias},
-                   "worker_pid": os.getpid()}
+                   "worker_pid": os.getpid(),
+                   # The attempt's process span, the parent of the child's handler spans (or None).
+                   "trace_parent": tracing.carrier_of_current_span()}
         proc = mp.Process(target=child.main, args=(sender, payload), name=f"leasequeue-job-{job.id}", daemon=True)
         with self._children_lock:
             if self._stopping:
@@ -531,6 +539,7 @@ class Executor:
             error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
         if decision is not None:
             error.update({key: storable_text(value[:MAX_MESSAGE]) for key, value in decision.entry_fields().items()})
+        tracing.attempt_failed(ctx, exc, error)
 
         def write() -> tuple[str, Any] | None:
             now = None

@@ -168,6 +168,11 @@ class Job(models.Model):
     on_dependency_dead = models.CharField(
         max_length=6, choices=DependencyPolicy.choices, default=DependencyPolicy.HOLD,
         db_default=DependencyPolicy.HOLD, help_text="when a dependency is dead: hold, cancel or run")
+    # The W3C trace context (``traceparent``, ``tracestate``) of the enqueue's "send" span, written
+    # in the INSERT when OpenTelemetry is configured (django_leasequeue.tracing); NULL otherwise.
+    # Every attempt's "process" span links to it, so a retry keeps pointing at the same producer.
+    trace_context = models.JSONField(
+        null=True, blank=True, editable=False, help_text="W3C trace context of the enqueue (OpenTelemetry)")
 
     class Meta:
         db_table = "leasequeue_job"

@@ -45,13 +45,13 @@ make_venv() {
 # The main environment: Python 3.12+ with Django 6.1 (django.tasks built in).
 main_venv() {
   local py; py="$(find_python 3.12 3.13)" || { echo "need Python 3.12 or 3.13" >&2; exit 1; }
-  make_venv "$ROOT/.venv" "$py" -e "$ROOT[dev]" "Django>=6.1,<6.2"
+  make_venv "$ROOT/.venv" "$py" -e "$ROOT[dev,otel]" "Django>=6.1,<6.2"
 }
 
 # The LTS environment: Python 3.11 with Django 5.2 and the django-tasks backport.
 lts_venv() {
   local py; py="$(find_python 3.11)" || { echo "need Python 3.11" >&2; exit 1; }
-  make_venv "$ROOT/.venv-dj52" "$py" -e "$ROOT[dev,tasks-backport]" "Django>=5.2,<5.3"
+  make_venv "$ROOT/.venv-dj52" "$py" -e "$ROOT[dev,otel,tasks-backport]" "Django>=5.2,<5.3"
 }
 
 # The Django 6.0 environment: Python 3.13 with Django 6.0 (the first release with django.tasks).

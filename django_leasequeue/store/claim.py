@@ -99,6 +99,9 @@ class ClaimedJob:
     # When the job was due for this attempt (its run_at: the enqueue's, or the retry's backoff);
     # the worker's wait-time histogram measures from the later of it and created_at.
     run_at: datetime | None = None
+    # The W3C trace context carrier the enqueue stored (django_leasequeue.tracing), or None: the
+    # attempt's "process" span links to it. Decoded as stored; the tracing module checks its shape.
+    trace_context: Any = None
 
 
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
@@ -149,7 +152,8 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us, j.priority,
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
-          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
+          j.trace_context
 """
 
 # The same claim over every queue (``runworker --queues '*'``). Without a queue to lead the index,
@@ -184,7 +188,8 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us, j.priority,
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
-          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
+          j.trace_context
 """
 
 
@@ -362,6 +367,7 @@ def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
     i_lease, i_claimed, i_priority = at["lease_seconds"], at["claimed_at_us"], at["priority"]
     i_created, i_started, i_errors = at["created_at_us"], at["started_at_us"], at["error_count"]
     i_run_at = at["run_at_us"]
+    i_trace = at["trace_context"]
 
     def decode(r: Sequence[Any]) -> ClaimedJob:
         # The claim path builds one ClaimedJob per job: filling the frozen dataclass's __dict__ at
@@ -376,6 +382,7 @@ def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
             "priority": r[i_priority], "created_at": _EPOCH + r[i_created] * _MICROSECOND,
             "started_at": None if started is None else _EPOCH + started * _MICROSECOND, "error_count": r[i_errors],
             "run_at": _EPOCH + r[i_run_at] * _MICROSECOND,
+            "trace_context": None if r[i_trace] is None else _load(r[i_trace]),
         })
         return job
 

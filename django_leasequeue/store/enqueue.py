@@ -3,12 +3,23 @@ of a job by its unique key."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from ..models import Job
-from ._db import _JOB_ATTNAMES, _JOB_COLUMNS, CLOCK, JOB_TABLE, _jobs_from_rows, _load, _run, _schema_required, db_alias
+from ._db import (
+    _JOB_ATTNAMES,
+    _JOB_COLUMNS,
+    CLOCK,
+    JOB_TABLE,
+    _dumps,
+    _jobs_from_rows,
+    _load,
+    _run,
+    _schema_required,
+    db_alias,
+)
 from .sequences import sequence_locked
 
 
@@ -55,7 +66,7 @@ _RETURNING = ", ".join(f"ins.{c}" for c in _JOB_COLUMNS)
 _INSERT_COLUMNS = ("task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, "
                    "leased_by, lease_version, unique_key, unique_scope, concurrency_key, concurrency_limit, "
                    "cancel_requested, snoozes, schedule_id, occurrence_at, errors, history, created_at, "
-                   "sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key")
+                   "sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key, trace_context")
 
 # Insert many jobs in one statement (unnest of parallel arrays), skipping unique-key conflicts.
 # ``ON CONFLICT DO NOTHING`` (no target) covers both partial unique indexes and never raises, so
@@ -76,7 +87,8 @@ ins AS (
            coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts,
            t.lease_seconds, '', 0, t.unique_key, t.unique_scope, t.concurrency_key,
            t.concurrency_limit, false, 0, t.schedule_id, t.occurrence_at, '[]'::jsonb, '[]'::jsonb,
-           clock.now, t.sequence_key, t.sequence_halts, t.rate_key, t.rate_limit_n, t.rate_limit_secs, t.fair_key
+           clock.now, t.sequence_key, t.sequence_halts, t.rate_key, t.rate_limit_n, t.rate_limit_secs, t.fair_key,
+           %(trace_context)s::jsonb
     FROM clock, unnest(
         %(task)s::text[], %(queue)s::text[], %(priority)s::smallint[], %(args)s::text[],
         %(kwargs)s::text[], %(run_at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
@@ -105,13 +117,23 @@ SELECT {_RETURNING}, (SELECT count(*) FROM woken) + (SELECT count(*) FROM woken_
 """
 
 
+TraceContext = Mapping[str, str]
+
+
+def _trace_json(trace_context: TraceContext | None) -> str | None:
+    """The ``trace_context`` column's value: the carrier as JSON text, or None (SQL NULL)."""
+    return None if not trace_context else _dumps(dict(trace_context))
+
+
 def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datetime | None = None,
-               alias: str | None = None) -> list[Job]:
+               alias: str | None = None, trace_context: TraceContext | None = None) -> list[Job]:
     """Insert jobs in the caller's transaction; return the inserted rows as :class:`Job` objects.
 
     Jobs whose unique key is already taken are skipped (not returned). A NOTIFY on ``channel`` with
     the queue name is sent for due queues when ``notify`` is true (delivered at commit), and one with
     the queue name and the earliest ``run_at`` for queues whose new jobs are due later.
+    ``trace_context`` (a W3C ``traceparent``/``tracestate`` carrier, or None for NULL) is written
+    into every row's ``trace_context`` column by the INSERT itself.
     """
     if not jobs:
         return []
@@ -120,6 +142,7 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
         "now": now,
         "notify": notify,
         "channel": channel,
+        "trace_context": _trace_json(trace_context),
         "task": [j.task for j in jobs],
         "queue": [j.queue for j in jobs],
         "priority": [j.priority for j in jobs],
@@ -163,7 +186,8 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
        %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
        %(sequence_halts)s::bool,
-       %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8, %(fair_key)s::text
+       %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8, %(fair_key)s::text,
+       %(trace_context)s::jsonb
 FROM ({CLOCK}) AS clock
 {{on_conflict}}
 RETURNING id, run_at, created_at,
@@ -184,14 +208,16 @@ _ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "
 
 
 def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
-                   alias: str | None = None) -> Job | None:
+                   alias: str | None = None, trace_context: TraceContext | None = None) -> Job | None:
     """Insert one job in the caller's transaction (see :func:`job_insert`); return it, or None when
     its unique key is already taken. NOTIFY on ``channel`` with the queue name when it is due, with
-    the queue name and its ``run_at`` when it is due later."""
+    the queue name and its ``run_at`` when it is due later. ``trace_context`` is the row's W3C
+    trace context carrier (None: NULL)."""
     alias = alias or db_alias()
     params = {name: getattr(job, name) for name in _ONE_FIELDS}
+    trace_json = _trace_json(trace_context)
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
-                  delay=float(job.delay))
+                  delay=float(job.delay), trace_context=trace_json)
     sql = _INSERT_ONE[job.unique_key is not None]
     with _schema_required(alias), sequence_locked([job.sequence_key], alias=alias):
         row = _run(sql, params, alias=alias).one()
@@ -210,6 +236,7 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
         "rate_key": job.rate_key, "rate_limit_n": job.rate_limit_n, "rate_limit_secs": job.rate_limit_secs,
         "fair_key": job.fair_key, "workflow_id": None, "workflow_step": None, "workflow_role": None,
         "waiting_on": 0, "has_dependents": False, "pass_result": False, "on_dependency_dead": "hold",
+        "trace_context": None if trace_json is None else _load(trace_json),
     }
     return Job.from_db(alias, _JOB_ATTNAMES, [values[name] for name in _JOB_ATTNAMES])
 
@@ -228,7 +255,8 @@ ins AS (
     SELECT %(task)s, %(queue)s, %(priority)s, 'ready', a.value, coalesce(k.value, '{{{{}}}}'::jsonb),
            coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
            %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
-           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now, NULL, false, NULL, NULL, NULL, NULL
+           NULL, NULL, false, 0, NULL, NULL, '[]'::jsonb, '[]'::jsonb, clock.now, NULL, false, NULL, NULL, NULL, NULL,
+           %(trace_context)s::jsonb
     FROM clock,
          jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
          LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
@@ -256,7 +284,7 @@ _INSERT_MANY = {unique: JOB_INSERT_MANY.format(on_conflict=_ON_CONFLICT if uniqu
 
 def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *, notify: bool, channel: str,
                     want_ids: bool = False, now: datetime | None = None,
-                    alias: str | None = None) -> tuple[int, list[int]]:
+                    alias: str | None = None, trace_context: TraceContext | None = None) -> tuple[int, list[int]]:
     """Insert jobs that share ``template``'s task and options, one per element of ``args_json``.
 
     Args:
@@ -266,6 +294,7 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
         kwargs_json: a JSON array of keyword-argument objects, parallel to ``args_json``, or None
             when no job has keyword arguments.
         want_ids: also return the new ids (in insertion order).
+        trace_context: the W3C trace context carrier written into every new row, or None (NULL).
 
     Returns:
         ``(number inserted, ids or [])``; jobs whose unique key is taken are skipped.
@@ -274,7 +303,7 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
         "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key", "sequence_halts",
         "rate_key", "rate_limit_n", "rate_limit_secs", "fair_key")}
     params.update(now=now, notify=notify, channel=channel, args=args_json, kwargs=kwargs_json,
-                  delay=float(template.delay), want_ids=want_ids)
+                  delay=float(template.delay), want_ids=want_ids, trace_context=_trace_json(trace_context))
     sql = _INSERT_MANY[template.unique_key is not None]
     with _schema_required(alias):
         count, ids, _ = _run(sql, params, alias=alias).rows[0]
@@ -290,10 +319,12 @@ def job_insert_many(template: NewJob, args_json: str, kwargs_json: str | None, *
 # comes second skips the locked row (SKIP LOCKED) and takes it later, with the new values. A holder
 # that fails the WHERE is left unchanged (it stays locked until the caller's transaction ends) and
 # no row is returned: the caller then looks the holder up. The holder keeps its id, created_at,
-# history and key; everything the enqueue decides is replaced. The new run_at is the enqueue's, for
-# debounce capped at created_at + the maximum wait (least() ignores the NULL of "no cap", and of
-# replace). The first reading of the clock (clock.now) stamps created_at; RETURNING cannot see it,
-# so the due test of the NOTIFY reads the clock again (a later reading: a job due then is due).
+# history and key; everything the enqueue decides is replaced, and the trace context becomes this
+# enqueue's when it has one (its "send" span is the one that set the values the job runs with). The
+# new run_at is the enqueue's, for debounce capped at created_at + the maximum wait (least() ignores
+# the NULL of "no cap", and of replace). The first reading of the clock (clock.now) stamps
+# created_at; RETURNING cannot see it, so the due test of the NOTIFY reads the clock again (a later
+# reading: a job due then is due).
 # "xmax = 0" tells an inserted row (no locker) from an updated one (locked by this transaction).
 _ARBITER = {
     "retained": "unique_key IS NOT NULL AND unique_scope = 'retained'",
@@ -309,7 +340,7 @@ SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::
        %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
        %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
        %(sequence_halts)s::bool, %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8,
-       %(fair_key)s::text
+       %(fair_key)s::text, %(trace_context)s::jsonb
 FROM ({CLOCK}) AS clock
 ON CONFLICT (unique_key) WHERE {{arbiter}}
 DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, priority = EXCLUDED.priority,
@@ -318,6 +349,7 @@ DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs, priority = EXCLUDE
               concurrency_limit = EXCLUDED.concurrency_limit, rate_key = EXCLUDED.rate_key,
               rate_limit_n = EXCLUDED.rate_limit_n, rate_limit_secs = EXCLUDED.rate_limit_secs,
               fair_key = EXCLUDED.fair_key,
+              trace_context = coalesce(EXCLUDED.trace_context, job.trace_context),
               run_at = least(EXCLUDED.run_at, job.created_at + make_interval(secs => %(max_wait)s::float8))
 WHERE job.status = 'ready' AND job.lease_version = 0 AND job.task = EXCLUDED.task AND NOT job.cancel_requested
 RETURNING {", ".join(f"job.{c}" for c in _JOB_COLUMNS)}, job.xmax = 0,
@@ -328,7 +360,8 @@ _INSERT_REPLACING = {scope: JOB_INSERT_REPLACING.format(arbiter=arbiter) for sco
 
 
 def job_insert_replacing(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
-                         alias: str | None = None) -> tuple[Job, bool] | None:
+                         alias: str | None = None, trace_context: TraceContext | None = None
+                         ) -> tuple[Job, bool] | None:
     """Insert one job with a unique key, or replace the pending job holding the key (``replace`` and
     ``debounce`` modes), in the caller's transaction.
 
@@ -338,6 +371,8 @@ def job_insert_replacing(job: NewJob, *, notify: bool, channel: str, now: dateti
         notify: send a NOTIFY on ``channel`` with the queue name when the resulting job is due
             (delivered at commit).
         now: the database clock reading to use (an aware datetime); None: read it.
+        trace_context: the W3C trace context carrier of this enqueue, or None; an updated holder
+            takes it, or keeps its own when None.
 
     Returns:
         ``(job, True)`` when a new row was inserted, ``(job, False)`` when the holder (ready, never
@@ -349,7 +384,7 @@ def job_insert_replacing(job: NewJob, *, notify: bool, channel: str, now: dateti
     alias = alias or db_alias()
     params = {name: getattr(job, name) for name in _ONE_FIELDS}
     params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
-                  delay=float(job.delay), max_wait=job.debounce_max_wait)
+                  delay=float(job.delay), max_wait=job.debounce_max_wait, trace_context=_trace_json(trace_context))
     # An updated holder keeps its sequence key and so its place (its id) in its sequence.
     with _schema_required(alias), sequence_locked([job.sequence_key], alias=alias):
         row = _run(_INSERT_REPLACING[job.unique_scope], params, alias=alias).one()

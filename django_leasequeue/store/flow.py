@@ -113,7 +113,8 @@ claimed AS (
               (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us,
               j.priority, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
               (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
-              jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+              jsonb_array_length(j.errors) AS error_count,
+              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, j.trace_context
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
@@ -154,7 +155,7 @@ waits AS (
 )
 SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until_us,
        c.lease_seconds, c.claimed_at_us, c.priority, c.created_at_us, c.started_at_us, c.error_count, c.run_at_us,
-       waits.waits
+       c.trace_context, waits.waits
 FROM waits LEFT JOIN claimed c ON true
 """
 
@@ -225,7 +226,8 @@ claimed AS (
               (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us,
               j.priority, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
               (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
-              jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+              jsonb_array_length(j.errors) AS error_count,
+              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, j.trace_context
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
@@ -266,7 +268,7 @@ waits AS (
 )
 SELECT c.id, c.task, c.queue, c.args, c.kwargs, c.attempts, c.max_attempts, c.lease_version, c.leased_until_us,
        c.lease_seconds, c.claimed_at_us, c.priority, c.created_at_us, c.started_at_us, c.error_count, c.run_at_us,
-       waits.waits
+       c.trace_context, waits.waits
 FROM waits LEFT JOIN claimed c ON true
 """
 

@@ -158,6 +158,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
           jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
+          j.trace_context,
           (SELECT c.rn * (2 * %(limit)s + 2) + c.ord FROM chosen c WHERE c.id = j.id) AS fair_order
 """
 

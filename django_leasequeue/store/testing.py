@@ -43,7 +43,8 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM clock.now) * 1000000)::bigint AS claimed_at_us, j.priority,
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
-          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us
+          jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
+          j.trace_context
 """
 
 def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: datetime | None = None,

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from ..models import Dependency, Workflow
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, _dumps, _load, _run, _schema_required, db_alias
-from .enqueue import NewJob
+from .enqueue import NewJob, TraceContext, _trace_json
 from .sequences import sequence_locked
 
 WORKFLOW_TABLE = Workflow._meta.db_table
@@ -100,7 +100,8 @@ ins AS (
         id, task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, leased_by,
         lease_version, unique_scope, concurrency_key, concurrency_limit, cancel_requested, snoozes, errors,
         history, created_at, sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key,
-        workflow_id, workflow_step, workflow_role, waiting_on, has_dependents, pass_result, on_dependency_dead
+        workflow_id, workflow_step, workflow_role, waiting_on, has_dependents, pass_result, on_dependency_dead,
+        trace_context
     )
     SELECT s.id, s.o->>'task', s.o->>'queue', (s.o->>'priority')::smallint,
            CASE WHEN (s.o->>'waiting_on')::int > 0 OR s.o->>'role' <> 'member' THEN 'waiting' ELSE 'ready' END,
@@ -125,7 +126,7 @@ ins AS (
            (s.o->>'rate_limit_n')::int, (s.o->>'rate_limit_secs')::float8, s.o->>'fair_key',
            %(workflow)s, s.o->>'step', s.o->>'role', (s.o->>'waiting_on')::int,
            coalesce((s.o->>'has_dependents')::bool, false), coalesce((s.o->>'pass_result')::bool, false),
-           coalesce(s.o->>'policy', 'hold')
+           coalesce(s.o->>'policy', 'hold'), %(trace_context)s::jsonb
     FROM s, clock
     ORDER BY s.n
     RETURNING id, status, queue, run_at
@@ -206,13 +207,14 @@ ins AS (
         task, queue, priority, status, args, kwargs, run_at, attempts, max_attempts, lease_seconds, leased_by,
         lease_version, unique_scope, concurrency_key, concurrency_limit, cancel_requested, snoozes, errors,
         history, created_at, sequence_key, sequence_halts, rate_key, rate_limit_n, rate_limit_secs, fair_key,
-        workflow_id, workflow_step, workflow_role, waiting_on, has_dependents, pass_result, on_dependency_dead
+        workflow_id, workflow_step, workflow_role, waiting_on, has_dependents, pass_result, on_dependency_dead,
+        trace_context
     )
     SELECT t.task, t.queue, t.priority, 'ready', a.value, coalesce(k.value, '{{}}'::jsonb),
            coalesce(t.run_at, clock.now + make_interval(secs => t.delay)), 0, t.max_attempts, t.lease_seconds,
            '', 0, 'retained', t.concurrency_key, t.concurrency_limit, false, 0, '[]'::jsonb, '[]'::jsonb,
            clock.now, t.sequence_key, t.sequence_halts, t.rate_key, t.rate_limit_n, t.rate_limit_secs, t.fair_key,
-           %(workflow)s, s.name, 'member', 0, false, false, t.policy
+           %(workflow)s, s.name, 'member', 0, false, false, t.policy, %(trace_context)s::jsonb
     FROM clock,
          jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, n)
          LEFT JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, n) ON k.n = a.n
@@ -245,7 +247,7 @@ def _template_options(job: NewJob, policy: str) -> dict[str, Any]:
 
 
 def workflow_insert_members(workflow_id: int, members: NewMembers, *, channel: str | None,
-                            alias: str | None = None) -> list[int]:
+                            alias: str | None = None, trace_context: TraceContext | None = None) -> list[int]:
     """Insert members that depend on nothing in one statement, in the caller's transaction
     (:data:`WORKFLOW_MEMBERS_INSERT`). The workflow's counters are the caller's: it created the
     workflow with them (:func:`workflow_create`) or counted them in (:func:`workflow_add_members`).
@@ -254,6 +256,7 @@ def workflow_insert_members(workflow_id: int, members: NewMembers, *, channel: s
         workflow_id: the workflow row.
         members: the validated members (at most a few tens of thousands per call: one statement).
         channel: the NOTIFY channel for due members, or None (notifications off).
+        trace_context: the W3C trace context carrier written into every member's row, or None (NULL).
 
     Returns:
         The new job ids, in member order.
@@ -266,7 +269,8 @@ def workflow_insert_members(workflow_id: int, members: NewMembers, *, channel: s
                                                                           strict=True)]),
               "args": members.args_json, "kwargs": members.kwargs_json,
               "shape": list(members.shape) if members.shape is not None else None,
-              "steps": list(members.steps) if members.steps is not None else None}
+              "steps": list(members.steps) if members.steps is not None else None,
+              "trace_context": _trace_json(trace_context)}
     with _schema_required(alias), transaction.atomic(using=alias, savepoint=False), \
             sequence_locked([t.sequence_key for t in members.templates], alias=alias):
         ids_text, _woken = _run(WORKFLOW_MEMBERS_INSERT, params, alias=alias).one()
@@ -361,7 +365,7 @@ WHERE j.id = %(id)s AND j.status = 'waiting'
 
 
 def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, channel: str | None,
-                          alias: str | None = None) -> list[int]:
+                          alias: str | None = None, trace_context: TraceContext | None = None) -> list[int]:
     """Insert the steps of a workflow, with their dependency edges, in the caller's transaction.
 
     Existing jobs named in ``depends_on_ids`` are locked and marked first (:data:`DEPENDENCY_LOCK`),
@@ -372,6 +376,7 @@ def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, 
         steps: the jobs in order; each ``depends_on`` names steps of this list (the caller checked
             that the names exist and form no cycle).
         channel: the NOTIFY channel for due steps, or None (notifications off).
+        trace_context: the W3C trace context carrier written into every step's row, or None (NULL).
 
     Returns:
         The new job ids, in step order.
@@ -412,7 +417,7 @@ def workflow_insert_steps(workflow_id: int | None, steps: Sequence[NewStep], *, 
         params = {"now": None, "workflow": workflow_id, "channel": channel, "opts": _dumps(opts),
                   "args": "[" + ",".join(s.job.args_json for s in steps) + "]",
                   "kwargs": "[" + ",".join(s.job.kwargs_json for s in steps) + "]",
-                  "edges": _dumps(edges)}
+                  "edges": _dumps(edges), "trace_context": _trace_json(trace_context)}
         ids_text, _edges, _woken = _run(WORKFLOW_STEPS_INSERT, params, alias=alias).one()
         ids = [int(i) for i in ids_text.split(",")] if ids_text else []
         # A step with the "cancel" policy whose dependency is dead (or cancelled) already is

@@ -48,7 +48,7 @@ def test_each_module_stays_under_600_lines():
 
 CLAIM_COLUMNS = ["id", "task", "queue", "args", "kwargs", "attempts", "max_attempts", "lease_version",
                  "leased_until_us", "lease_seconds", "claimed_at_us", "priority", "created_at_us", "started_at_us",
-                 "error_count", "run_at_us"]
+                 "error_count", "run_at_us", "trace_context"]
 
 
 @pytest.mark.parametrize("sql", [claim.JOB_CLAIM, claim.JOB_CLAIM_ANY_QUEUE, flow.JOB_CLAIM_RATED,
@@ -64,7 +64,8 @@ def test_the_decoder_reads_columns_by_name_whatever_their_order():
     values = {"id": 7, "task": "t", "queue": "q", "args": "[1]", "kwargs": '{"a": 2}', "attempts": 1,
               "max_attempts": 3, "lease_version": 4, "leased_until_us": 1_700_000_030_000_000, "lease_seconds": 30,
               "claimed_at_us": 1_700_000_000_000_000, "priority": 5, "created_at_us": 1_699_999_000_000_000,
-              "started_at_us": None, "error_count": 0, "run_at_us": 1_699_999_000_000_000}
+              "started_at_us": None, "error_count": 0, "run_at_us": 1_699_999_000_000_000,
+              "trace_context": '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'}
     names = tuple(values)
     shuffled_list = list(names)
     random.Random(14).shuffle(shuffled_list)
@@ -77,7 +78,8 @@ def test_the_decoder_reads_columns_by_name_whatever_their_order():
         leased_until=datetime(2023, 11, 14, 22, 13, 50, tzinfo=UTC), lease_seconds=30.0,
         claimed_at=datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC), priority=5,
         created_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC), started_at=None, error_count=0,
-        run_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC))
+        run_at=datetime(2023, 11, 14, 21, 56, 40, tzinfo=UTC),
+        trace_context={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 
 
 def _squash(sql: str) -> str:
@@ -97,7 +99,7 @@ def test_the_claim_variants_spell_the_shared_rules_alike(sql):
                           r"THEN \(j\.concurrency_key IS NULL .*?%\(claim\)s\)\)\)"
                           r" AND \(j\.rate_key IS NULL .*?%\(claim\)s, j\.id\)\)\) ELSE false END", plain)
     lease_set = re.search(r"SET status = 'leased', .*? attempted_at = clock\.now", plain)
-    returning = re.search(r"RETURNING (j\.id, .*? AS run_at_us)", plain)
+    returning = re.search(r"RETURNING (j\.id, .*? AS run_at_us, j\.trace_context)", plain)
     assert admission and lease_set and returning
     assert admission.group(0) in _squash(sql)
     assert lease_set.group(0) in _squash(sql)

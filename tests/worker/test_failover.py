@@ -109,9 +109,13 @@ class FailoverBooks:
     rerun_jobs: int
     reruns_by_task: dict[str, int]  # the same by completion path (qa.failover_plain / _fenced)
     run_more_than_once: int  # jobs with more than one start (the retries of raised attempts included)
-    done_without_return: int  # done jobs whose handler never returned on file (must be 0)
+    done_without_start: int  # done jobs whose handler never started on file (must be 0)
+    plain_done_without_return: int  # done plain jobs whose handler never returned on file (must be 0)
+    fenced_landed_unacknowledged: int  # done fenced jobs whose handler only raised: its fenced commit
+    # was cut by the failover after the standby had it (the outcome unknown to the handler)
     fenced_done: int
-    effects: int  # Effect rows of the done fenced jobs (one each)
+    effects: int  # Effect rows of the done fenced jobs
+    fenced_with_one_effect: int  # done fenced jobs with exactly one Effect, under their final token
     lease_expiries: int  # LeaseExpired attempts of present jobs (leases the reaper took back)
     recovery_s: float | None  # from the old primary's stop to the first job completed on the new primary
     stall_s: float | None  # from the last completion before the promote to the first one after the stop
@@ -150,6 +154,7 @@ def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promot
     events = read_events(events_file)
     starts: Counter[str] = Counter()
     returned_keys: set[str] = set()
+    started_keys = {e["key"] for e in events if e["event"] == "start"}
     reruns: Counter[str] = Counter()
     examples = []
     for e in events:
@@ -164,6 +169,10 @@ def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promot
             returned_keys.add(e["key"])
     done = [r for r in rows.values() if r["status"] == "done"]
     fenced_done = [r["id"] for r in done if r["task"] == "qa.failover_fenced"]
+    tokens = {r["id"]: r["lease_version"] for r in done}
+    effects_of: dict[int, list[int]] = {}
+    for job_id, token in Effect.objects.filter(job_id__in=fenced_done).values_list("job_id", "lease_version"):
+        effects_of.setdefault(job_id, []).append(token)
     stop = datetime.fromtimestamp(stopped_at, UTC)
     first = min((r["finished_at"] for r in done if r["finished_at"] > stop), default=None)
     promoting = datetime.fromtimestamp(promoting_at, UTC)
@@ -176,8 +185,13 @@ def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promot
         raised=sum(1 for e in events if e["event"] == "raised"), reruns=sum(reruns.values()), rerun_jobs=len(reruns),
         reruns_by_task=dict(Counter(task_of(k) for k in reruns.elements())),
         run_more_than_once=sum(1 for n in starts.values() if n > 1),
-        done_without_return=sum(1 for r in done if r["unique_key"] not in returned_keys),
-        fenced_done=len(fenced_done), effects=Effect.objects.filter(job_id__in=fenced_done).count(),
+        done_without_start=sum(1 for r in done if r["unique_key"] not in started_keys),
+        plain_done_without_return=sum(1 for r in done if r["task"] == "qa.failover_plain"
+                                      and r["unique_key"] not in returned_keys),
+        fenced_landed_unacknowledged=sum(1 for r in done if r["task"] == "qa.failover_fenced"
+                                         and r["unique_key"] not in returned_keys),
+        fenced_done=len(fenced_done), effects=sum(len(t) for t in effects_of.values()),
+        fenced_with_one_effect=sum(1 for job_id in fenced_done if effects_of.get(job_id) == [tokens[job_id]]),
         lease_expiries=sum(1 for r in rows.values() for e in r["errors"] if e.get("type") == "LeaseExpired"),
         recovery_s=round((first - stop).total_seconds(), 2) if first else None,
         stall_s=round((first - last).total_seconds(), 2) if first and last else None,
@@ -252,12 +266,14 @@ def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, window: float =
     assert all(n < 40 for n in failures.values()), failures
     assert all(code == 0 for code, _ in exits.values()), exits
     # What must hold whatever the standby lacked: the producer went on to the end, every job on the
-    # new primary ran to done, each done job's handler returned at least once (at-least-once), and
-    # each done fenced job has exactly one effect, committed with its completion.
+    # new primary ran to done, each done job's handler ran (at-least-once), each done plain job's
+    # handler returned (its completion is written only then), and each done fenced job has exactly
+    # one effect, under the token its completion was committed with.
     assert books.acknowledged == JOBS, books
     assert set(statuses) <= set(FINISHED) and statuses.get("done", 0) == books.done == books.present, statuses
-    assert books.done_without_return == 0, books
-    assert books.effects == books.fenced_done, books
+    assert books.done_without_start == 0, books
+    assert books.plain_done_without_return == 0, books
+    assert books.effects == books.fenced_with_one_effect == books.fenced_done, books
     assert books.recovery_s is not None, "no job was completed on the new primary"
     return books
 

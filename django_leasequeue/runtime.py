@@ -44,21 +44,57 @@ _DATA_CLASSES = ("22", "54")
 _TRANSIENT_CLASSES = ("25", "40", "53", "55", "57", "58")
 
 
+# How many times a thread of this process found one of its connections dropped by the server. A
+# restart or a failover drops every session at once, but a thread only learns of it when it next
+# uses its own connection: a handler thread idle since then would fail its next attempt on the dead
+# one. So a loss seen by any thread (the claim loop, the heartbeat: they run all the time) makes
+# every thread check its connections before its next attempt (check_connections_after_loss()).
+_losses = 0
+_losses_lock = threading.Lock()
+_seen = threading.local()
+
+
 def close_broken_connections() -> None:
     """Close this thread's database connections that errored and are no longer usable.
 
     Unlike ``close_old_connections()`` this ignores ``CONN_MAX_AGE``: a worker keeps its
     connections for its whole life (reconnecting per job would halve throughput), but it must not
-    keep reusing a connection that the server dropped (case C27).
+    keep reusing a connection that the server dropped (case C27). A connection closed so is
+    counted as a loss, which :func:`check_connections_after_loss` acts on in the other threads.
     """
+    global _losses
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
         if conn.errors_occurred:
             if not conn.is_usable():
                 conn.close()
+                with _losses_lock:
+                    _losses += 1
             else:
                 conn.errors_occurred = False
+
+
+def check_connections_after_loss() -> int:
+    """Before this thread uses its connections again: if a thread of this process found a
+    connection dropped since this one last looked, test this thread's open connections (one
+    ``SELECT 1`` each) and close those that no longer work, so that the next statement connects
+    anew (after a failover, through libpq's host list to the new primary) instead of failing on
+    a session of the old server. Costs nothing while no connection was lost.
+
+    Returns:
+        The number of this thread's connections closed (0 when none was lost, or all still work).
+    """
+    losses = _losses
+    if getattr(_seen, "losses", 0) == losses:
+        return 0
+    _seen.losses = losses
+    closed = 0
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+            closed += 1
+    return closed
 
 
 def db_error_kind(exc: BaseException) -> Literal["connection", "data", "transient"]:

@@ -25,7 +25,7 @@ from .. import registry, signals, store
 from ..conf import Settings
 from ..context import JobContext
 from ..executor import Executor, job_fields, with_reconnect
-from ..runtime import close_broken_connections
+from ..runtime import check_connections_after_loss, close_broken_connections
 from .completer import Completer
 
 logger = logging.getLogger("django_leasequeue.worker")
@@ -494,6 +494,9 @@ class Pool:
             item.deadline = started + item.timeout
         outcome = None
         try:
+            # A session of this thread may have died unseen with its server (a restart, a failover)
+            # while the thread idled: test it now rather than fail the attempt on it.
+            check_connections_after_loss()
             # Process mode: a child takes a second or more to set Django up, so the pause view is
             # asked again when it is ready, just before the handler runs.
             outcome = self.executor.run(item.job, item.ctx, child=child,

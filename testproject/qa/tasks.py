@@ -507,4 +507,4 @@ def child_pid_sleeper(context: JobContext, seconds: float) -> None:
     handler whose process the tests look for after its worker died or lost the lease."""
     _record(context, tag=f"pid:{os.getpid()}")
     time.sleep(seconds)
-from . import wf_chaos_tasks, wf_process_tasks  # noqa: E402,F401  (the workflow test tasks register on import)
+from . import failover_tasks, wf_chaos_tasks, wf_process_tasks  # noqa: E402,F401  (these test tasks register on import)

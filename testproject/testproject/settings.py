@@ -1,7 +1,9 @@
 """Settings of the django-leasequeue test project (PostgreSQL from environment variables).
 
 Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPORT (5432),
-PGUSER (postgres), PGPASSWORD (empty).
+PGUSER (postgres), PGPASSWORD (empty). PGHOST and PGPORT may be libpq's comma-separated lists of a
+primary and its standbys ("127.0.0.1,127.0.0.1", "5432,5433"), with
+LEASEQUEUE_DB_TARGET_SESSION_ATTRS=read-write so that only the server accepting writes is used.
 """
 
 import json
@@ -69,11 +71,17 @@ DATABASES = {
         "TEST": {"NAME": os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None},
     }
 }
+_DB_OPTIONS: dict[str, str] = {}
 # Tests and the testing helpers shift the database clock of worker processes through this.
 if os.environ.get("LEASEQUEUE_CLOCK_OFFSET"):
-    DATABASES["default"]["OPTIONS"] = {
-        "options": f"-c leasequeue.clock_offset={os.environ['LEASEQUEUE_CLOCK_OFFSET']}"
-    }
+    _DB_OPTIONS["options"] = f"-c leasequeue.clock_offset={os.environ['LEASEQUEUE_CLOCK_OFFSET']}"
+# Failover: with several hosts in PGHOST/PGPORT, libpq tries them in order and keeps the first whose
+# session type fits ("read-write": the primary), on every new connection, the reconnects after a
+# failover included.
+if os.environ.get("LEASEQUEUE_DB_TARGET_SESSION_ATTRS"):
+    _DB_OPTIONS["target_session_attrs"] = os.environ["LEASEQUEUE_DB_TARGET_SESSION_ATTRS"]
+if _DB_OPTIONS:
+    DATABASES["default"]["OPTIONS"] = _DB_OPTIONS
 
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -1,0 +1,300 @@
+"""Chaos: failover to a streaming standby while a producer enqueues and workers drain the queue.
+
+A throwaway primary and a standby made from it by ``pg_basebackup -R`` (``tests/support/chaos/
+cluster.py``, free local ports; never the shared server). Every process (the producer, the
+workers, the reaper, this test) connects with libpq's multi-host list, primary first, and
+``target_session_attrs=read-write``. Mid-run the standby is promoted (``pg_ctl promote``) and the
+old primary stopped (``pg_ctl stop -m immediate``); nobody is told: each process's next connection
+skips the dead primary and lands on the new one.
+
+The books are kept outside the database, because the database is what may lose them:
+
+* the producer (``manage.py qa_produce``) appends ``<key> <id>`` to a file, fsynced, once an
+  enqueue has committed and returned: the *acknowledged* jobs;
+* every handler appends its start and its return (or raise) to another file, fsynced
+  (``qa.failover_tasks``): the *executions*, in the order they happened.
+
+A job is named by its unique key, not its id: a failover that loses the sequence's last values
+can issue an id twice. *Lost*: acknowledged, absent from the new primary. *Re-run of a returned
+job*: a start of a job after a return of it is on file.
+
+With synchronous replication every acknowledged commit (an enqueue, a claim, a completion, a
+fenced commit) has been flushed by the standby, so none is lost: 0 lost, 0 re-runs. With
+asynchronous replication whatever the standby had not received is gone; the test measures it
+and holds only what must hold whatever was lost: every job on the new primary runs to done, each
+done job's handler returned at least once, and each fenced job has one effect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from qa.management.commands.qa_produce import TASKS
+from qa.models import Effect
+
+from django_leasequeue.models import Job
+from tests.conftest import MANAGE, ROOT
+from tests.support import wait_for
+from tests.support.chaos.cluster import Pair, throwaway_pair, unavailable
+from tests.support.chaos.harness import FINISHED, Fleet, db_now, remaining, scaled
+
+pytestmark = [pytest.mark.chaos, pytest.mark.process]
+
+JOBS = scaled(300)
+DBNAME = "test_lq_chaos_failover"  # a test database: tests may connect to nothing else
+PREFIX = "fo"
+RESULTS = ROOT / "build" / "failover.json"
+
+
+@contextmanager
+def default_connection_on(pair: Pair, dbname: str) -> Iterator[None]:
+    """Point this test's ``default`` connection at ``dbname`` through the pair's multi-host list
+    (as every process of the test connects); restore it afterwards."""
+    saved = connection.settings_dict
+    connection.close()
+    env = pair.env(dbname)
+    connection.settings_dict = {**saved, "HOST": env["PGHOST"], "PORT": env["PGPORT"], "NAME": dbname,
+                                "OPTIONS": {**saved.get("OPTIONS", {}), "target_session_attrs": "read-write"}}
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict = saved
+
+
+@contextmanager
+def migrated_pair(*, synchronous: bool) -> Iterator[Pair]:
+    """A primary with the project's database ``DBNAME`` migrated and a standby streaming from it
+    (synchronous or not), this test's connection on them; skips where no cluster can be made."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
+    with throwaway_pair(synchronous=synchronous) as pair:
+        pair.primary.createdb(DBNAME)
+        migrate = subprocess.run([sys.executable, str(MANAGE), "migrate", "-v", "0"], cwd=str(ROOT),
+                                 env={**os.environ, **pair.primary.env(DBNAME)}, capture_output=True, text=True,
+                                 timeout=300)
+        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+        pair.attach_standby()
+        with default_connection_on(pair, DBNAME):
+            yield pair
+
+
+@dataclass
+class FailoverBooks:
+    """The ledger of one failover run, from the two files and the new primary's rows."""
+
+    acknowledged: int  # enqueues the producer saw commit
+    present: int  # of those, jobs on the new primary
+    lost: int  # acknowledged, absent from the new primary
+    lost_before_promote: int  # of those, acknowledged before the promote began (replication lag)
+    done: int  # present jobs done
+    executions: int  # handler starts on file
+    returned: int  # handler returns on file
+    raised: int  # handler raises on file (a fenced commit cut by the failover; retried)
+    reruns: int  # starts of a job after a return of it was on file
+    rerun_jobs: int
+    reruns_by_task: dict[str, int]  # the same by completion path (qa.failover_plain / _fenced)
+    run_more_than_once: int  # jobs with more than one start (the retries of raised attempts included)
+    done_without_start: int  # done jobs whose handler never started on file (must be 0)
+    plain_done_without_return: int  # done plain jobs whose handler never returned on file (must be 0)
+    fenced_landed_unacknowledged: int  # done fenced jobs whose handler only raised: its fenced commit
+    # was cut by the failover after the standby had it (the outcome unknown to the handler)
+    fenced_done: int
+    effects: int  # Effect rows of the done fenced jobs
+    fenced_with_one_effect: int  # done fenced jobs with exactly one Effect, under their final token
+    lease_expiries: int  # LeaseExpired attempts of present jobs (leases the reaper took back)
+    recovery_s: float | None  # from the old primary's stop to the first job completed on the new primary
+    stall_s: float | None  # from the last completion before the promote to the first one after the stop
+    first_return_after_stop_s: float | None  # from the stop to the first handler return on file
+    lost_keys: list[str]
+    rerun_examples: list[str]
+
+
+def read_acknowledged(path: Path) -> dict[str, int]:
+    """``{key: id}`` of the producer's file, in the order acknowledged."""
+    if not path.exists():
+        return {}
+    return {key: int(job_id) for key, job_id in (line.split() for line in path.read_text().splitlines())}
+
+
+def task_of(key: str) -> str:
+    """The task the producer enqueued under ``key`` (``<prefix>-<n>``: the tasks in turn)."""
+    return TASKS[int(key.rsplit("-", 1)[1]) % len(TASKS)]
+
+
+def read_events(path: Path) -> list[dict]:
+    """The handlers' execution events, in file order (the order they happened)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promoting_at: float,
+             stopped_at: float) -> FailoverBooks:
+    """Read the ledger (see the module docstring). ``before_promote``: jobs acknowledged when the
+    promote began, at POSIX time ``promoting_at``; ``stopped_at``: when the old primary was stopped
+    (the same host clock the database and the handlers read)."""
+    acked = read_acknowledged(acked_file)
+    early = set(list(acked)[:before_promote])
+    rows = {r["unique_key"]: r for r in Job.objects.filter(unique_key__startswith=f"{PREFIX}-").values(
+        "id", "unique_key", "task", "status", "lease_version", "finished_at", "errors")}
+    lost = sorted(set(acked) - set(rows))
+    events = read_events(events_file)
+    starts: Counter[str] = Counter()
+    returned_keys: set[str] = set()
+    started_keys = {e["key"] for e in events if e["event"] == "start"}
+    reruns: Counter[str] = Counter()
+    examples = []
+    for e in events:
+        if e["event"] == "start":
+            starts[e["key"]] += 1
+            if e["key"] in returned_keys:
+                reruns[e["key"]] += 1
+                if len(examples) < 6:
+                    examples.append(f"{e['key']} (job {e['job']}) started again under token {e['token']} "
+                                    "after its handler had returned")
+        elif e["event"] == "returned":
+            returned_keys.add(e["key"])
+    done = [r for r in rows.values() if r["status"] == "done"]
+    fenced_done = [r["id"] for r in done if r["task"] == "qa.failover_fenced"]
+    tokens = {r["id"]: r["lease_version"] for r in done}
+    effects_of: dict[int, list[int]] = {}
+    for job_id, token in Effect.objects.filter(job_id__in=fenced_done).values_list("job_id", "lease_version"):
+        effects_of.setdefault(job_id, []).append(token)
+    stop = datetime.fromtimestamp(stopped_at, UTC)
+    first = min((r["finished_at"] for r in done if r["finished_at"] > stop), default=None)
+    promoting = datetime.fromtimestamp(promoting_at, UTC)
+    last = max((r["finished_at"] for r in done if r["finished_at"] < promoting), default=None)
+    first_return = min((e["at"] for e in events if e["event"] == "returned" and e["at"] > stopped_at), default=None)
+    return FailoverBooks(
+        acknowledged=len(acked), present=len(set(acked) & set(rows)), lost=len(lost),
+        lost_before_promote=len(early.intersection(lost)), done=len(done), executions=sum(starts.values()),
+        returned=sum(1 for e in events if e["event"] == "returned"),
+        raised=sum(1 for e in events if e["event"] == "raised"), reruns=sum(reruns.values()), rerun_jobs=len(reruns),
+        reruns_by_task=dict(Counter(task_of(k) for k in reruns.elements())),
+        run_more_than_once=sum(1 for n in starts.values() if n > 1),
+        done_without_start=sum(1 for r in done if r["unique_key"] not in started_keys),
+        plain_done_without_return=sum(1 for r in done if r["task"] == "qa.failover_plain"
+                                      and r["unique_key"] not in returned_keys),
+        fenced_landed_unacknowledged=sum(1 for r in done if r["task"] == "qa.failover_fenced"
+                                         and r["unique_key"] not in returned_keys),
+        fenced_done=len(fenced_done), effects=sum(len(t) for t in effects_of.values()),
+        fenced_with_one_effect=sum(1 for job_id in fenced_done if effects_of.get(job_id) == [tokens[job_id]]),
+        lease_expiries=sum(1 for r in rows.values() for e in r["errors"] if e.get("type") == "LeaseExpired"),
+        recovery_s=round((first - stop).total_seconds(), 2) if first else None,
+        stall_s=round((first - last).total_seconds(), 2) if first and last else None,
+        first_return_after_stop_s=None if first_return is None else round(first_return - stopped_at, 2),
+        lost_keys=lost[:20], rerun_examples=examples)
+
+
+def save(key: str, books: FailoverBooks, **extra: object) -> None:
+    """Keep this run's figures in ``build/failover.json`` (the deploy how-to quotes them)."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(RESULTS.read_text())
+    except (FileNotFoundError, ValueError):
+        data = {}
+    data[key] = {**asdict(books), **extra, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "load_average": round(os.getloadavg()[0], 2)}
+    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _try_db_now() -> datetime | None:
+    try:
+        return db_now()
+    except Exception:  # noqa: BLE001 - the new primary is not reachable yet
+        connection.close()
+        return None
+
+
+def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, window: float = 0.0) -> FailoverBooks:
+    """Producer, reaper and two workers on the pair; the failover once a third of the jobs are
+    acknowledged and some are done, the old primary stopped ``window`` seconds after the standby is
+    promoted; wait until the producer is through and nothing is left to run. Returns the books
+    (and saves them under ``key``)."""
+    acked_file, events_file = tmp_path / "acknowledged.txt", tmp_path / "executions.jsonl"
+    env = {**pair.env(DBNAME), "QA_EXECUTIONS_FILE": str(events_file)}
+    fleet = Fleet(spawn, env=env)
+    fleet.start_reaper()
+    members = [fleet.start() for _ in range(2)]
+    fleet.wait_registered()
+    producer = spawn("qa_produce", "--count", str(JOBS), "--out", str(acked_file), "--prefix", PREFIX,
+                     "--interval", "0.02", "--seed", "18", env=env)
+    wait_for(lambda: len(read_acknowledged(acked_file)) >= JOBS // 3
+             and Job.objects.filter(status="done").count() >= JOBS // 6, timeout=60, interval=0.05,
+             what="a third of the jobs acknowledged and a sixth done")
+    at_failover = len(read_acknowledged(acked_file))
+    promoting_at = time.time()
+    pair.standby.promote()
+    promoted_at = time.time()
+    # Until the stop, the old primary still takes sessions (it is first in everyone's host list) and,
+    # without its synchronous standby, hangs every commit; asynchronous, it commits what is lost.
+    time.sleep(window)
+    pair.primary.stop()
+    stopped_at = time.time()
+    connection.close()  # this test's session died with the old primary, like every other one
+    wait_for(_try_db_now, timeout=30, interval=0.05, what="the new primary to accept connections")
+    with connection.cursor() as cur:  # the host list led this session to the promoted standby
+        cur.execute("SELECT inet_server_port(), pg_is_in_recovery()")
+        assert cur.fetchone() == (pair.standby.port, False)
+    assert producer.wait(60) == 0, producer.output()
+    wait_for(lambda: remaining(None) == 0, timeout=60, interval=0.1, what="the queue to drain on the new primary")
+    alive = [m.name for m in members if m.running]
+    # Each worker reconnected by itself: a few failed loop iterations with growing waits, not a loop.
+    failures = {m.name: len(re.findall(r"iteration failed; retrying in", m.proc.output())) for m in members}
+    exits = fleet.stop()
+    books = books_of(acked_file, events_file, before_promote=at_failover, promoting_at=promoting_at,
+                     stopped_at=stopped_at)
+    statuses = dict(Counter(Job.objects.values_list("status", flat=True)))
+    save(key, books, synchronous=pair.synchronous, acknowledged_at_failover=at_failover,
+         promote_s=round(promoted_at - promoting_at, 2), promote_to_stop_s=round(stopped_at - promoted_at, 2),
+         statuses=statuses, producer=producer.output().splitlines()[-1:], worker_failed_iterations=failures)
+    print(f"{key}: {books}; {at_failover} acknowledged at the failover; statuses {statuses}")
+    assert len(alive) == 2, [m.proc.output() for m in members if not m.running]
+    assert all(n < 40 for n in failures.values()), failures
+    assert all(code == 0 for code, _ in exits.values()), exits
+    # What must hold whatever the standby lacked: the producer went on to the end, every job on the
+    # new primary ran to done, each done job's handler ran (at-least-once), each done plain job's
+    # handler returned (its completion is written only then), and each done fenced job has exactly
+    # one effect, under the token its completion was committed with.
+    assert books.acknowledged == JOBS, books
+    assert set(statuses) <= set(FINISHED) and statuses.get("done", 0) == books.done == books.present, statuses
+    assert books.done_without_start == 0, books
+    assert books.plain_done_without_return == 0, books
+    assert books.effects == books.fenced_with_one_effect == books.fenced_done, books
+    assert books.recovery_s is not None, "no job was completed on the new primary"
+    return books
+
+
+@pytest.mark.parametrize("window", [0.0, 3.0], ids=["stop-at-once", "stop-after-the-lease"])
+def test_failover_to_a_synchronous_standby_loses_nothing_and_reruns_nothing(spawn, tmp_path, window):
+    """Every commit acknowledged by the old primary was flushed by the standby first: 0 lost, 0
+    re-runs of returned jobs, on both completion paths. ``stop-after-the-lease``: the old primary
+    hangs every commit for 3 s, past the 2 s lease, before it is stopped; the reaper on the new
+    primary reads the silence as an outage and leaves the expired leases to their holders."""
+    with migrated_pair(synchronous=True) as pair:
+        books = run_failover(spawn, pair, tmp_path, f"synchronous_{window:g}s", window=window)
+    assert books.lost == 0, books.lost_keys
+    assert books.present == JOBS, books
+    assert books.reruns == 0, books.rerun_examples
+
+
+def test_failover_to_an_asynchronous_standby_runs_every_surviving_job(spawn, tmp_path):
+    """What the standby had not received is lost with the old primary: enqueues (lost jobs) and
+    completions (re-runs of returned jobs) are measured, not bounded; every job that survived runs
+    to done."""
+    with migrated_pair(synchronous=False) as pair:
+        books = run_failover(spawn, pair, tmp_path, "asynchronous")
+    assert books.present + books.lost == JOBS, books

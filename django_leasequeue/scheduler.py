@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -287,6 +287,11 @@ class SchedulerService(RegisteredService):
         process_id: name of the ``WorkerProcess`` row (default ``host:pid:scheduler``).
         settings: validated ``LEASEQUEUE`` settings (default: the project's).
 
+    Attributes:
+        on_started (Callable[[], None] | None): called in the service thread once the settings are
+            synced and the process is registered, before the first tick (``runscheduler`` prints
+            the schedules it serves from it).
+
     Raises:
         ConfigurationError: ``interval`` is not > 0, or (with ``sync``) ``LEASEQUEUE_SCHEDULES`` is
             invalid: checked here, so a bad setting stops the process before it starts.
@@ -309,6 +314,7 @@ class SchedulerService(RegisteredService):
         self.ticks = 0
         self.emitted = 0
         self._reported: dict[tuple[int, str], str] = {}  # (schedule id, topic) -> message logged
+        self.on_started: Callable[[], None] | None = None
         if sync:
             load_settings_schedules()  # validate now, without the database
 
@@ -318,6 +324,8 @@ class SchedulerService(RegisteredService):
         if self.sync:
             sync_schedules(alias=self.alias)
         self.register()
+        if self.on_started is not None:
+            self.on_started()
 
     def run_once(self) -> float:
         started = time.monotonic()

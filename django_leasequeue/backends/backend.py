@@ -3,6 +3,7 @@ caller's transaction, results, system checks). See the package docstring for the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -165,17 +166,22 @@ class LeaseQueueBackend(_ResultBackend):
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """Return the ``TaskResult`` of the job ``result_id`` as it is in the database now.
 
+        Args:
+            result_id (str): a ``TaskResult.id`` this backend issued: the job's id in canonical
+                decimal form (``"52"``). Anything else (``" 52 "``, ``"052"``, ``"+52"``, ``"5_2"``,
+                non-ASCII digits, an int) names no result, although ``int()`` would accept it.
+
         Raises:
-            TaskResultDoesNotExist: no such job, or the job is not a registered framework task
-                (a native ``@task`` job, or a task whose module this process never imported even
-                after :func:`registry.autodiscover`).
+            TaskResultDoesNotExist: ``result_id`` is not such an id, no such job, or the job is not a
+                registered framework task (a native ``@task`` job, or a task whose module this process
+                never imported even after :func:`registry.autodiscover`).
             InvalidTaskBackend: ``QUEUES`` or ``OPTIONS`` are invalid.
         """
         self._raise_config_errors()
-        try:
-            job_id = int(str(result_id))
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(result_id)
+        job_id = _issued_job_id(result_id)
+        if job_id is None:
+            raise TaskResultDoesNotExist(f"{result_id!r} is not a result id this backend issued (the decimal "
+                                         "digits of a job's id, as TaskResult.id gives them)")
         row = _load_job(job_id)
         if row is None:
             raise TaskResultDoesNotExist(result_id)
@@ -231,3 +237,24 @@ def _unique_key(template: str | Callable[..., str] | None, args: Any, kwargs: Ma
         return template.format(*args, **kwargs)
     except Exception as exc:
         raise EnqueueError(f"unique_key {template!r} failed on these arguments: {exc!r}")
+
+
+# The ids enqueue() issues: str(job.id), a positive bigint. Only these name a result, so that one
+# job has exactly one result id (int() would also read " 52 ", "052", "+52", "5_2" and "٥٢").
+_ISSUED_ID = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_JOB_ID = 2**63 - 1  # the job table's bigint primary key
+
+
+def _issued_job_id(result_id: object) -> int | None:
+    """The job id in ``result_id`` when it is one this backend issued, else None.
+
+    Args:
+        result_id: what the caller passed to ``get_result``.
+
+    Returns:
+        The job's id (int, 1 .. 2**63 - 1), or None for anything but its canonical decimal str.
+    """
+    if type(result_id) is not str or _ISSUED_ID.fullmatch(result_id) is None:
+        return None
+    job_id = int(result_id)
+    return job_id if job_id <= _MAX_JOB_ID else None

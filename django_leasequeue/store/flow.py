@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from ..models import QueueState
-from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _cursor, _run, db_alias
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, STAT_TABLE, TOKEN_MAX, _cursor, _run, db_alias
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -410,6 +410,8 @@ class QueueInfo:
         throttled_total (int): claims cut short by the rate limit since the row was created.
         ready (int): ready jobs (due or not).
         leased (int): leased jobs.
+        waiting (int): jobs waiting for their dependencies (workflows).
+        dead (int): dead letters kept in the queue.
     """
 
     name: str
@@ -420,30 +422,50 @@ class QueueInfo:
     throttled_total: int
     ready: int
     leased: int
+    waiting: int = 0
+    dead: int = 0
+
+    @property
+    def depth(self) -> int:
+        """Jobs not finished yet (ready, waiting or leased)."""
+        return self.ready + self.waiting + self.leased
 
 
+# Every queue that holds jobs or has a state row or a configuration. Each count's WHERE names one
+# status, so PostgreSQL reads it from that status's partial index (leasequeue_job_ready, _leased,
+# _waiting, _dead), not from the retained finished rows; a queue whose jobs are all done or
+# cancelled is found in the chart counters instead (they record every finished job per queue).
 QUEUE_LIST = f"""
-WITH counts AS (
-    SELECT queue AS name, count(*) FILTER (WHERE status = 'ready') AS ready,
-           count(*) FILTER (WHERE status = 'leased') AS leased
-    FROM {JOB_TABLE} WHERE status IN ('ready', 'leased') GROUP BY queue
-),
+WITH ready AS (SELECT queue AS name, count(*) AS n FROM {JOB_TABLE} WHERE status = 'ready' GROUP BY queue),
+leased AS (SELECT queue AS name, count(*) AS n FROM {JOB_TABLE} WHERE status = 'leased' GROUP BY queue),
+waiting AS (SELECT queue AS name, count(*) AS n FROM {JOB_TABLE} WHERE status = 'waiting' GROUP BY queue),
+dead AS (SELECT queue AS name, count(*) AS n FROM {JOB_TABLE} WHERE status = 'dead' GROUP BY queue),
 names AS (
-    SELECT name FROM {QUEUE_TABLE} UNION SELECT name FROM counts
+    SELECT name FROM {QUEUE_TABLE} UNION SELECT name FROM ready UNION SELECT name FROM leased
+    UNION SELECT name FROM waiting UNION SELECT name FROM dead UNION SELECT DISTINCT queue FROM {STAT_TABLE}
     UNION SELECT unnest(%(configured)s::text[])
 )
 SELECT n.name, coalesce(s.paused, false), s.paused_at, coalesce(s.paused_by, ''),
-       coalesce(s.throttled_total, 0), coalesce(c.ready, 0), coalesce(c.leased, 0)
-FROM names n LEFT JOIN {QUEUE_TABLE} s ON s.name = n.name LEFT JOIN counts c ON c.name = n.name
+       coalesce(s.throttled_total, 0), coalesce(r.n, 0), coalesce(l.n, 0), coalesce(w.n, 0), coalesce(d.n, 0)
+FROM names n LEFT JOIN {QUEUE_TABLE} s ON s.name = n.name
+LEFT JOIN ready r ON r.name = n.name LEFT JOIN leased l ON l.name = n.name
+LEFT JOIN waiting w ON w.name = n.name LEFT JOIN dead d ON d.name = n.name
 ORDER BY n.name
 """
 
 
 def queue_list(*, alias: str | None = None) -> list[QueueInfo]:
-    """Every known queue (configured, with jobs ready/leased, or with a state row), by name.
+    """Every known queue, by name: configured in ``LEASEQUEUE["QUEUES"]``, with a state row (paused
+    or rate-limited once), holding jobs in any state, or with finished jobs in the chart counters.
 
-    Reads the ready/leased counts with one aggregate over the job table: fine for a dashboard or a
-    management command, not for a tight loop.
+    Reads the counts with one aggregate per status over its partial index: fine for a dashboard
+    or a management command, not for a tight loop.
+
+    Args:
+        alias: database alias; default the job table's.
+
+    Returns:
+        One :class:`QueueInfo` per queue, sorted by name.
     """
     from ..conf import get_settings
 
@@ -452,7 +474,7 @@ def queue_list(*, alias: str | None = None) -> list[QueueInfo]:
     rates = settings.rate_limits
     return [QueueInfo(name=r[0], paused=r[1], paused_at=r[2], paused_by=r[3],
                       rate_limit=str(rates[r[0]]) if r[0] in rates else None, throttled_total=r[4],
-                      ready=r[5], leased=r[6]) for r in rows]
+                      ready=r[5], leased=r[6], waiting=r[7], dead=r[8]) for r in rows]
 
 
 def queue_paused_names(*, alias: str | None = None) -> list[str]:

@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.process]
 
 FENCE = re.compile(r"^```(\w*)(?:\s+title=\"([^\"]+)\")?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # Lines of the page's sh blocks that describe the reader's machine, done here by the test itself.
-SETUP = ("mkdir shop-tutorial", "python3 -m venv", ". .venv/bin/activate", "pip install -e ", "createdb ")
+SETUP = ("mkdir shop-tutorial", "python3 -m venv", ". .venv/bin/activate", "pip install /path/to/django-leasequeue",
+         "createdb ")
 
 
 def blocks() -> list[tuple[str, str | None, str]]:

@@ -3,8 +3,9 @@
 Once ``pause`` has answered, no job of the queue starts in any worker (``store.queue_pause``):
 handlers that had started run to the end, and jobs held unstarted go back to ready without
 spending an attempt.
-Resuming wakes idle workers with a NOTIFY. ``list`` shows each known queue with its state, rate
-limit, throttled claims and ready/leased counts.
+Resuming wakes idle workers with a NOTIFY. ``list`` shows every queue that holds jobs (in any
+state), is configured or has a state row: its state, rate limit, throttled claims, depth (jobs not
+finished: ready, waiting and leased) and dead letters.
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ class Command(BaseCommand):
     def _list(self) -> None:
         rows = store.queue_list()
         if not rows:
-            self.stdout.write("no queues")
+            self.stdout.write("no queues: no job was ever enqueued, none is configured (LEASEQUEUE['QUEUES']) "
+                              "and none was paused")
             return
-        header = f"{'queue':<24} {'state':<8} {'rate':<10} {'throttled':>9} {'ready':>8} {'leased':>7}  paused"
-        self.stdout.write(header)
+        self.stdout.write(f"{'queue':<24} {'state':<8} {'rate':<10} {'throttled':>9} {'depth':>8} {'ready':>8} "
+                          f"{'waiting':>8} {'leased':>7} {'dead':>7}  paused")
         for q in rows:
             paused = f"{q.paused_at:%Y-%m-%d %H:%M:%S} by {q.paused_by or '?'}" if q.paused and q.paused_at else ""
             self.stdout.write(f"{q.name:<24} {'paused' if q.paused else 'running':<8} {q.rate_limit or '-':<10} "
-                              f"{q.throttled_total:>9} {q.ready:>8} {q.leased:>7}  {paused}")
+                              f"{q.throttled_total:>9} {q.depth:>8} {q.ready:>8} {q.waiting:>8} {q.leased:>7} "
+                              f"{q.dead:>7}  {paused}".rstrip())
 
 
 def _user() -> str:

@@ -1,8 +1,12 @@
-"""``manage.py runscheduler``: emit one job per schedule occurrence until SIGTERM (or once)."""
+"""``manage.py runscheduler``: emit one job per schedule occurrence until SIGTERM (or once).
+
+At start it prints the schedules it serves and each next occurrence; at stop, that it stopped."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
@@ -10,6 +14,7 @@ from django.db import DatabaseError
 from django_leasequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
+    from django_leasequeue.models import Schedule
     from django_leasequeue.scheduler import SchedulerService
 
 
@@ -40,9 +45,33 @@ class Command(BaseCommand):
         if options["once"]:
             self._once(service)
             return
+        service.on_started = lambda: self._announce(service)
         code = run_services([service])
+        self.stdout.write(f"scheduler {service.process_id} stopped{' after a crash' if code else ''}: "
+                          f"{service.ticks} tick(s), {service.emitted} job(s) emitted")
+        self.stdout.flush()
         if code:
             raise SystemExit(code)
+
+    def _announce(self, service: SchedulerService) -> None:
+        """At start: the enabled schedules this scheduler serves, each with its next occurrence in
+        its own zone (an aware time with the zone's offset) and how far off it is."""
+        from django_leasequeue import store
+        from django_leasequeue.models import Schedule
+
+        now = store.db_now(service.alias)
+        rows = list(Schedule.objects.using(service.alias).filter(enabled=True).order_by("name"))
+        disabled = Schedule.objects.using(service.alias).filter(enabled=False).count()
+        self.stdout.write(f"scheduler {service.process_id}: {len(rows)} enabled schedule(s)"
+                          f"{f' ({disabled} disabled)' if disabled else ''}; SIGTERM or Ctrl-C stops.")
+        if not rows:
+            self.stdout.write("  none: declare LEASEQUEUE_SCHEDULES or add one in the admin (Schedules)")
+        for row in rows[:SHOWN]:
+            self.stdout.write(f"  {row.name}: {row.task}, cron {row.cron!r} in {row.zone_name}, "
+                              f"next {_next_text(row, now)}")
+        if len(rows) > SHOWN:
+            self.stdout.write(f"  ... and {len(rows) - SHOWN} more")
+        self.stdout.flush()
 
     def _once(self, service: SchedulerService) -> None:
         """Sync, tick once, report what the tick did, and leave no process row behind."""
@@ -94,6 +123,20 @@ class Command(BaseCommand):
 
 # Emitted occurrences listed one per line by --once; the rest are counted.
 SHOWN = 20
+
+
+def _next_text(row: Schedule, now: datetime) -> str:
+    """``"2026-12-05T02:00:00+01:00 (in 7h 29m)"``: the stored next occurrence in the schedule's
+    zone, or the cron's next one after ``now`` when none is stored yet."""
+    from django_leasequeue import cron
+
+    try:
+        zone = ZoneInfo(row.zone_name)
+        at = row.next_occurrence_at or cron.next_occurrence(row.cron, zone, now)
+    except (ValueError, KeyError) as exc:  # a zone or expression the admin check would refuse
+        return f"unknown ({exc})"
+    wait = (at - now).total_seconds()
+    return f"{at.astimezone(zone).isoformat()} ({'due now' if wait <= 0 else f'in {_duration(wait)}'})"
 
 
 def _duration(seconds: float) -> str:

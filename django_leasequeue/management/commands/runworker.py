@@ -114,12 +114,27 @@ class Command(BaseCommand):
             raise SystemExit(code)
 
 
-def _tasks_line(shown: int = 12) -> str:
-    """The registered task names, so a newcomer sees at start whether the worker found theirs (a job
-    naming an unregistered task is dead-lettered as UnknownTask, never imported)."""
-    from django_leasequeue.registry import registered_tasks
+def _tasks_line(shown: int = 4) -> str:
+    """The banner's line of the tasks this worker runs, so a newcomer sees at start whether it
+    found theirs (a job naming an unregistered task is dead-lettered as UnknownTask, never imported).
 
-    names = sorted(registered_tasks())
-    listed = ", ".join(names[:shown]) + (f", ... ({len(names) - shown} more)" if len(names) > shown else "")
-    return (f"{len(names)} task(s) registered: {listed or 'none'} (tasks modules of installed apps and "
-            "LEASEQUEUE['IMPORTS'])")
+    Counts the native ``@task`` tasks and the framework's (``django.tasks`` tasks validated by
+    ``LeaseQueueBackend``): both run. One line whatever the number: the first ``shown`` names in
+    sorted order, then how many more.
+
+    Args:
+        shown (int): names listed before the rest are only counted.
+
+    Returns:
+        The line, without a newline.
+    """
+    from django_leasequeue import registry
+
+    registry.autodiscover()  # the worker would at start; the banner must count what it will run
+    names = registry.known_task_names()
+    native = len(set(names) & set(registry.registered_tasks()))
+    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    if not names:
+        return ("0 task(s) registered: none (a worker runs the tasks of installed apps' tasks and jobs "
+                "modules and of LEASEQUEUE['IMPORTS'])")
+    return f"{len(names)} task(s) registered ({native} native, {len(names) - native} django.tasks): {listed}"

@@ -1,7 +1,8 @@
 """Settings of the django-leasequeue test project (PostgreSQL from environment variables).
 
 Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPORT (5432),
-PGUSER (postgres), PGPASSWORD (empty).
+PGUSER (postgres), PGPASSWORD (empty); TESTPROJECT_TRANSACTION_POOLING=1 when PGHOST/PGPORT is a
+PgBouncer in transaction mode.
 """
 
 import json
@@ -69,6 +70,11 @@ DATABASES = {
         "TEST": {"NAME": os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None},
     }
 }
+# Behind PgBouncer in transaction mode (tests/pgbouncer): a server-side cursor (QuerySet.iterator())
+# declared WITH HOLD outside a transaction would outlive it on a server connection the next
+# transaction may not get.
+if os.environ.get("TESTPROJECT_TRANSACTION_POOLING"):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 # Tests and the testing helpers shift the database clock of worker processes through this.
 if os.environ.get("LEASEQUEUE_CLOCK_OFFSET"):
     DATABASES["default"]["OPTIONS"] = {

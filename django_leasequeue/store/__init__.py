@@ -70,6 +70,7 @@ from ._db import (
     CLOCK,
     CLOCK_WAKING,
     FLOW_RULES,
+    JIT_OFF_LOCAL,
     JOB_TABLE,
     NEVER_SWEPT,
     PROCESS_TABLE,
@@ -288,7 +289,7 @@ from .workflows import (
 __all__ = [
     "JOB_CLAIM_FAIR", "RATE_KEY_PRUNE", "fair_order", "rate_key_log", "rate_key_prune",
     "CLOCK", "CLOCK_OFFSET_GET", "CLOCK_OFFSET_SET", "CLOCK_RAW_NOW", "CancelCounts", "ClaimResult",
-    "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JOB_CANCEL_LEASED",
+    "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JIT_OFF_LOCAL", "JOB_CANCEL_LEASED",
     "JOB_CLAIM", "JOB_CLAIM_ANY_QUEUE", "JOB_CLAIM_ANY_QUEUE_RATED", "JOB_CLAIM_IDS", "JOB_CLAIM_RATED",
     "JOB_COMPLETE", "JOB_DEAD_CORRUPT", "JOB_DEAD_LETTER_UNKNOWN", "JOB_EXPIRE_LEASE", "JOB_FAIL", "JOB_GET",
     "JOB_INSERT", "JOB_INSERT_MANY", "JOB_INSERT_ONE", "JOB_LOCK_FENCED", "JOB_MAKE_DUE", "JOB_NOTE_LEASE_LOST",

@@ -46,7 +46,6 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-import weakref
 import zoneinfo
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ from ._db import (
     _load,
     _notify_channel,
     _run,
+    _run_claim,
     db_alias,
     logger,
 )
@@ -248,7 +248,6 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     """
     if limit <= 0:
         return ClaimResult()
-    _jit_off(alias or db_alias())
     if rate_limits is None or fair_queues is None:
         from ..conf import get_settings
 
@@ -265,8 +264,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
                               "queues": list(queues) if queues is not None else None}
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:
-        result = _run(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias,
-                      describe=True)
+        result = _run_claim(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias)
         return _decode_claims(result.rows, _column_names(result.description), alias, worker_id=worker_id, now=now)
     rows, description = flow._claim_rated(params, queues, rated, rate_limits, alias=alias)
     names = _column_names(description)
@@ -277,33 +275,6 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
 
 
 _fair_turn = itertools.count()
-
-# Connections (psycopg's, not Django's wrappers: a reconnect makes a new one) whose session has JIT
-# compilation off. The claims run every few milliseconds and take about a millisecond, but their
-# cost estimates grow with the backlog (a LIMIT read from a CTE, as in the fair claim, is planned
-# as a tenth of the rows) and cross ``jit_above_cost``: compiling then costs about 100 ms per claim,
-# a hundred times the claim itself (measured on a fair queue behind 100,000 jobs).
-_JIT_OFF: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _jit_off(alias: str) -> None:
-    """Turn JIT compilation off for the session of ``alias``'s connection, once per connection.
-
-    Outside a transaction only: a ``SET`` inside one is undone if it rolls back, and the claim must
-    not write session state into a caller's transaction. Through PgBouncer in transaction mode the
-    setting lands on whichever server connection ran it; there the pool's own ``jit`` setting
-    (``ALTER ROLE ... SET jit = off``) is the reliable switch (docs/howto/pgbouncer.md).
-    """
-    connection = connections[alias]
-    if connection.in_atomic_block:
-        return
-    raw = connection.connection
-    if raw is not None and raw in _JIT_OFF:
-        return
-    with _cursor(alias) as cur:
-        cur.execute("SET jit = off")
-    _JIT_OFF.add(connection.connection)
-
 
 def _claim_with_fair(*, queues: Sequence[str], limit: int, worker_id: str, lease: float, now: datetime | None,
                      alias: str | None, rate_limits: Mapping[str, RateLimit], tasks: Sequence[str] | None,

@@ -43,7 +43,19 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from ..models import QueueState
-from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, STAT_TABLE, TOKEN_MAX, _cursor, _run, db_alias
+from ._db import (
+    CLOCK,
+    FLOW_RULES,
+    JIT_OFF_LOCAL,
+    JOB_TABLE,
+    QUEUE_TABLE,
+    STAT_TABLE,
+    TOKEN_MAX,
+    _cursor,
+    _jit_off_here,
+    _run,
+    db_alias,
+)
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -295,7 +307,10 @@ def _claim_rated(params: dict[str, Any], queues: Sequence[str] | None, rated: Se
               "rate_n": [rate_limits[q].limit if q in rate_limits else None for q in names],
               "rate_secs": [float(rate_limits[q].per) if q in rate_limits else None for q in names]}
     sql = JOB_CLAIM_RATED if queues is not None else JOB_CLAIM_ANY_QUEUE_RATED
+    jit_off = _jit_off_here(alias)
     with transaction.atomic(using=alias), _cursor(alias) as cur:
+        if jit_off:
+            cur.execute(JIT_OFF_LOCAL)  # for this transaction only (store/_db.py)
         cur.execute(RATE_LOCK, {"names": list(rated)})
         if len(cur.fetchall()) < len(rated):
             cur.execute(RATE_ROWS_CREATE, {"names": list(rated), "now": params["now"]})

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import RateKeyState
-from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
+from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run_claim, db_alias
 
 # Claim up to %(limit)s jobs of one fair queue (%(queue)s), round-robin across fair keys (see the
 # module docstring). after_cursor and from_start are the two halves of the circular walk (keys
@@ -176,7 +176,7 @@ def _claim_fair(params: dict[str, Any], queue: str, *, alias: str) -> tuple[list
         ``(rows, cursor description)``, one row per leased job, in no particular order (the
         caller sorts them round by round, see :func:`fair_order`).
     """
-    result = _run(JOB_CLAIM_FAIR, {**params, "queue": queue}, alias=alias, describe=True)
+    result = _run_claim(JOB_CLAIM_FAIR, {**params, "queue": queue}, alias=alias)
     return result.rows, result.description
 
 

@@ -508,3 +508,13 @@ def child_pid_sleeper(context: JobContext, seconds: float) -> None:
     _record(context, tag=f"pid:{os.getpid()}")
     time.sleep(seconds)
 from . import failover_tasks, wf_chaos_tasks, wf_process_tasks  # noqa: E402,F401  (these test tasks register on import)
+
+
+@task(name="qa.limited", takes_context=True, max_attempts=3, concurrency_key="limited-{key}", concurrency_limit=2)
+def limited(context: JobContext, key: str, work: float = 0.05) -> str:
+    """At most 2 handlers of one ``key`` at once, across every worker: each run is in the execution
+    ledger with its concurrency key and database-clock start and end, so a test computes how many
+    of one key really ran at once (tests/pgbouncer/test_flow_through_pgbouncer.py)."""
+    with ledger.execution(context, "qa.limited", concurrency_key=f"limited-{key}"):
+        time.sleep(work)
+        return key

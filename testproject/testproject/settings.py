@@ -4,6 +4,7 @@ Environment: LEASEQUEUE_DB_NAME (default "leasequeue"), PGHOST (127.0.0.1), PGPO
 PGUSER (postgres), PGPASSWORD (empty). PGHOST and PGPORT may be libpq's comma-separated lists of a
 primary and its standbys ("127.0.0.1,127.0.0.1", "5432,5433"), with
 LEASEQUEUE_DB_TARGET_SESSION_ATTRS=read-write so that only the server accepting writes is used.
+TESTPROJECT_TRANSACTION_POOLING=1 when PGHOST/PGPORT is a PgBouncer in transaction mode.
 """
 
 import json
@@ -72,6 +73,11 @@ DATABASES = {
     }
 }
 _DB_OPTIONS: dict[str, str] = {}
+# Behind PgBouncer in transaction mode (tests/pgbouncer): a server-side cursor (QuerySet.iterator())
+# declared WITH HOLD outside a transaction would outlive it on a server connection the next
+# transaction may not get.
+if os.environ.get("TESTPROJECT_TRANSACTION_POOLING"):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 # Tests and the testing helpers shift the database clock of worker processes through this.
 if os.environ.get("LEASEQUEUE_CLOCK_OFFSET"):
     _DB_OPTIONS["options"] = f"-c leasequeue.clock_offset={os.environ['LEASEQUEUE_CLOCK_OFFSET']}"

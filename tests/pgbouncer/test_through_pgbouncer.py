@@ -1,6 +1,7 @@
 """Workers connected through PgBouncer: transaction mode with ``--no-notify``, session mode with
 ``LISTEN``. Ledger: jobs in = jobs done, one handler execution (``qa.Execution`` row) per job."""
 
+import psycopg
 import pytest
 from django.db import connection
 from qa.models import Effect, Execution, Probe
@@ -42,3 +43,22 @@ def test_fenced_atomic_through_transaction_pooling(spawn, pgbouncer):
     assert Probe.objects.filter(ok=False).count() == 0
     assert Execution.objects.filter(tag__startswith="pgb-").count() == n
     assert f"db={connection.settings_dict['NAME']}" in bouncer.output(), bouncer.output()
+
+
+def test_a_worker_leaves_no_session_setting_on_the_pooled_server_connection(spawn, pgbouncer):
+    """One server connection for every client (pool size 1): whatever a worker's session leaves
+    behind, the next client of the pool gets. After a worker claimed and ran jobs through it,
+    the next client finds the server's settings as they were (the claim's ``SET LOCAL jit = off``
+    ended with its transaction)."""
+    bouncer = pgbouncer("transaction", pool_size=1)
+    with psycopg.connect(dbname=connection.settings_dict["NAME"], host="127.0.0.1", port=bouncer.port,
+                         user=connection.settings_dict["USER"], autocommit=True) as before:
+        jit_before = before.execute("SHOW jit").fetchone()[0]
+    assert enqueue_many("qa.record", [([], {"tag": "pgb-state"}) for _ in range(20)]) == 20
+    worker = spawn("runworker", "--burst", "--concurrency", "2", "--no-notify", env=bouncer.env())
+    assert worker.wait(60) == 0, worker.output() + bouncer.output()
+    assert Execution.objects.filter(tag="pgb-state").count() == 20
+    assert [row[0] for row in bouncer.admin("SHOW SERVERS")] == ["S"]  # still the one server connection
+    with psycopg.connect(dbname=connection.settings_dict["NAME"], host="127.0.0.1", port=bouncer.port,
+                         user=connection.settings_dict["USER"], autocommit=True) as after:
+        assert after.execute("SHOW jit").fetchone()[0] == jit_before == "on"

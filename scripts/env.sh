@@ -35,9 +35,16 @@ ensure_postgres() {
 }
 
 # make_venv DIR PYTHON PIP-ARGS... : create DIR with PYTHON unless present, then pip install.
+# Says what it does on stderr: on a fresh machine pip downloads and installs for about a minute,
+# and nothing else would be printed meanwhile.
 make_venv() {
   local dir="$1" py="$2"; shift 2
-  if [[ ! -x "$dir/bin/python" ]]; then "$py" -m venv "$dir"; fi
+  if [[ ! -x "$dir/bin/python" ]]; then
+    echo "creating the virtualenv $dir ($("$py" -V 2>&1)); installing into it: $* (about a minute on a fresh machine)" >&2
+    "$py" -m venv "$dir"
+  else
+    echo "checking the virtualenv $dir has: $* (seconds)" >&2
+  fi
   "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
 }

@@ -61,7 +61,7 @@ def test_scripts_demo_prints_each_step_before_the_demo_starts(tmp_path):
         assert progress == [
             f"demo: checking that PostgreSQL answers on {os.environ.get('PGHOST', '127.0.0.1')}:"
             f"{os.environ.get('PGPORT', '5432')}",
-            f"checking the virtualenv {root}/.venv has: -e {root}[dev] Django>=6.1,<6.2 (seconds)",
+            f"checking the virtualenv {root}/.venv has: -e {root}[dev,otel] Django>=6.1,<6.2 (seconds)",
             f"demo: creating the database {database} (unless it exists) and applying the migrations",
             "demo: starting manage.py demo --jobs 10",
         ]

@@ -66,7 +66,7 @@ def test_a_corrupt_row_is_dead_lettered_on_its_new_token_only():
     stale = {"id": job.pk, "task": "qa.record", "queue": "default", "args": f"[{BIG_INT}]", "kwargs": "{}",
              "attempts": 1, "max_attempts": 3, "lease_version": 1, "leased_until_us": 0, "lease_seconds": 30.0,
              "claimed_at_us": 0, "priority": 0, "created_at_us": 0, "started_at_us": None, "error_count": 0,
-             "run_at_us": 0}
+             "run_at_us": 0, "trace_context": None}
     decoded = store._decode_claims([tuple(stale.values())], tuple(stale), store.db_alias(), worker_id="w", now=None)
     assert decoded == []
     row = Job.objects.get(pk=job.pk)

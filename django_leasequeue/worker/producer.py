@@ -46,6 +46,7 @@ class Producer:
         self.prefetch_max = prefetch_max
         self.tasks = tasks
         self.claimed = 0
+        self.corrupt = 0  # claimed rows that could not be decoded, dead-lettered by the claim
         self.throttled = 0  # claims cut short by a queue rate limit
         self._throttled_until = 0.0
         # The last claim got fewer jobs than free slots: a written completion may free a
@@ -95,11 +96,15 @@ class Producer:
                 pool.saturated = True
                 return None
             want = pool.concurrency + extra - held
+            # Read before the claim: a job of ours that ends after the claim's snapshot (a failed
+            # attempt whose retry is due at once) is then not taken for "nothing left".
+            idle = not pool.inflight
         self.claim_started = time.monotonic()
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.tasks())
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
             signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
+        self.corrupt += len(jobs.corrupt)
         self.claimed += len(jobs)
         pool.pause_view.claimed(now, jobs)  # ``now`` was read before the claim was sent
         items = [pool.hold(job) for job in jobs]
@@ -107,7 +112,6 @@ class Producer:
             for item in items:
                 pool.inflight[item.job.id] = item
             pool.saturated = len(jobs) >= want
-            idle = not pool.inflight
         put = pool.tasks.put
         for item in items:
             put(item)

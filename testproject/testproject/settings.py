@@ -162,6 +162,9 @@ if os.environ.get("LEASEQUEUE_MAX_INTERRUPTIONS"):
     LEASEQUEUE["MAX_INTERRUPTIONS"] = int(os.environ["LEASEQUEUE_MAX_INTERRUPTIONS"])
 if os.environ.get("LEASEQUEUE_EXECUTION"):
     LEASEQUEUE["EXECUTION"] = os.environ["LEASEQUEUE_EXECUTION"]
+# The failover test of ASYNC_COMPLETIONS: completion batches committed with synchronous_commit off.
+if os.environ.get("LEASEQUEUE_ASYNC_COMPLETIONS"):
+    LEASEQUEUE["ASYNC_COMPLETIONS"] = os.environ["LEASEQUEUE_ASYNC_COMPLETIONS"] == "1"
 
 LOGGING = {
     "version": 1,

@@ -333,6 +333,9 @@ def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, jobs: int = JOB
     print(f"{key}: {books}; {at_failover} acknowledged at the failover; promote {promoted_at - promoting_at:.2f} s; "
           f"statuses {statuses}; failed iterations {failures}")
     assert len(alive) == 2, [m.proc.output() for m in members if not m.running]
+    # The banner says whether the workers commit their completions asynchronously.
+    async_completions = (worker_env or {}).get("LEASEQUEUE_ASYNC_COMPLETIONS") == "1"
+    assert [("(ASYNC_COMPLETIONS)" in m.proc.output()) for m in members] == [async_completions] * 2
     assert all(n < 40 for n in failures.values()), failures
     assert all(code == 0 for code, _ in exits.values()), exits
     # What must hold whatever the standby lacked: the producer went on to the end, every job on the

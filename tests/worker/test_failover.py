@@ -145,8 +145,10 @@ class FailoverBooks:
     sync_gap_s: float | None  # from the last enqueue acknowledged before the stop to the stop's issue
     plain_returns_in_sync_gap: int  # plain handler returns on file from that enqueue to the stop's
     # return: the completions an ASYNC_COMPLETIONS commit could lose (see SYNC_GAP)
-    sync_gap_completed_before_stop: int  # of those jobs, done on the new primary by a completion
-    # the old primary committed before the stop (shipped by a later flush), not by a retried one
+    sync_gap_completed_before_stop: int  # of those jobs, done by a completion the old primary
+    # committed before the stop was issued (and shipped by a later flush)
+    sync_gap_completed_after_stop: int  # of those jobs, done by a completion committed after the
+    # stop returned: on the new primary (the worker kept it and wrote it there)
     recovery_s: float | None  # from the old primary's stop to the first job completed on the new primary
     stop_s: float  # how long pg_ctl stop took to return
     stall_s: float | None  # from the last completion before the failover began to the first one after the stop
@@ -246,6 +248,8 @@ def books_of(acked_file: Path, events_file: Path, *, before_failover: int, began
         plain_returns_in_sync_gap=len(in_gap),
         sync_gap_completed_before_stop=sum(1 for k in in_gap if k in rows and rows[k]["status"] == "done"
                                            and rows[k]["finished_at"] < stopping),
+        sync_gap_completed_after_stop=sum(1 for k in in_gap if k in rows and rows[k]["status"] == "done"
+                                          and rows[k]["finished_at"] > stop),
         recovery_s=round((first - stopping).total_seconds(), 2) if first else None,
         stall_s=round((first - last).total_seconds(), 2) if first and last else None,
         first_return_after_stop_s=None if first_return is None else round(first_return - stopping_at, 2),

@@ -26,7 +26,8 @@ LOOKS_LIKE = {
     "stop": re.compile(r"worker \S+ (?:stopped after|running for) \d"),
 }
 START = re.compile(r"worker (?P<id>\S+): queues (?P<queues>\S+), (?P<threads>\d+) thread\(s\), "
-                   r"lease (?P<lease>[\d.]+) s, (?P<execution>\w+) execution(?P<burst>, burst)?; "
+                   r"lease (?P<lease>[\d.]+) s, (?P<execution>\w+) execution(?P<burst>, burst)?"
+                   r"(?P<async>, asynchronous completions \(ASYNC_COMPLETIONS\))?; "
                    r"SIGTERM or Ctrl-C stops gracefully\.")
 TASKS = re.compile(r"(?P<total>\d+) task\(s\) registered \((?P<native>\d+) native, (?P<framework>\d+) django\.tasks\): "
                    r"(?P<listed>.+?)(?: and (?P<more>\d+) more)?|0 task\(s\) registered: none \(.*\)")
@@ -63,7 +64,8 @@ def printed(kind: str, sample: str) -> str:
         m = START.fullmatch(sample)
         assert m, f"not the banner's first line as runworker prints it: {sample!r}"
         queues = None if m["queues"] == "*" else m["queues"].split(",")
-        return start_line(m["id"], queues, int(m["threads"]), float(m["lease"]), m["execution"], bool(m["burst"]))
+        return start_line(m["id"], queues, int(m["threads"]), float(m["lease"]), m["execution"], bool(m["burst"]),
+                          async_completions=bool(m["async"]))
     if kind == "tasks":
         m = TASKS.fullmatch(sample)
         assert m, f"not the banner's tasks line as runworker prints it: {sample!r}"

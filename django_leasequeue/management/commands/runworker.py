@@ -100,7 +100,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--metrics-port {port} on {options['metrics_addr']}: cannot serve metrics: {exc}")
             self.stdout.write(f"metrics: http://{options['metrics_addr']}:{port}/metrics")
         self.stdout.write(start_line(worker.worker_id, queues, worker.concurrency, worker.lease, worker.execution,
-                                     worker.burst))
+                                     worker.burst, async_completions=worker.settings.async_completions))
         self.stdout.write(tasks_line(*_registered_tasks()))
         if not logging.getLogger("django_leasequeue.events").hasHandlers():
             self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
@@ -119,19 +119,22 @@ class Command(BaseCommand):
 
 
 def start_line(worker_id: str, queues: list[str] | None, concurrency: int, lease: float, execution: str,
-               burst: bool) -> str:
+               burst: bool, *, async_completions: bool = False) -> str:
     """The banner's first line: the worker's id and options, and how to stop it.
 
     Args:
         worker_id (str): ``host:pid:name``. queues (list[str] | None): the queues served (None: all).
         concurrency (int): handler threads. lease (float): the default lease, seconds.
         execution (str): ``thread`` or ``process``. burst (bool): ``--burst`` was given.
+        async_completions (bool): the ``ASYNC_COMPLETIONS`` setting is on: said at start, since a
+            crash of PostgreSQL or a failover can then lose the last completions.
 
     Returns:
         The line, without a newline.
     """
     return (f"worker {worker_id}: queues {','.join(queues) if queues else '*'}, {concurrency} thread(s), "
-            f"lease {lease:g} s, {execution} execution{', burst' if burst else ''}; "
+            f"lease {lease:g} s, {execution} execution{', burst' if burst else ''}"
+            f"{', asynchronous completions (ASYNC_COMPLETIONS)' if async_completions else ''}; "
             "SIGTERM or Ctrl-C stops gracefully.")
 
 

@@ -145,6 +145,7 @@ from .lease import (
     JOB_RELEASE,
     JOB_RENEW,
     JOB_SET_RESULT,
+    JOB_SETTLED_UNDER,
     JOB_SNOOZE,
     Completed,
     Released,
@@ -160,6 +161,7 @@ from .lease import (
     job_release,
     job_renew,
     job_set_result,
+    job_settled_under,
     job_snooze,
 )
 from .maintenance import (
@@ -421,3 +423,4 @@ __all__ += ["QUEUE_NAMES_DEAD", "QUEUE_NAMES_HOLDING", "TASK_NAMES_DEAD", "Previ
 from .read import QUEUE_STATE_ONE, QUEUE_TOP_ERRORS, queue_page_rows, queue_schedules  # noqa: E402
 
 __all__ += ["QUEUE_STATE_ONE", "QUEUE_TOP_ERRORS", "queue_page_rows", "queue_schedules"]
+__all__ += ["JOB_SETTLED_UNDER", "job_settled_under"]

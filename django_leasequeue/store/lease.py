@@ -351,7 +351,7 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
 # interruption; the refund is bounded: a job already interrupted MAX_INTERRUPTIONS times is
 # dead-lettered with an ``Interrupted`` error instead (its attempt counts), so a handler that hangs
 # without a timeout stops re-running on every deploy. Prefetched jobs never ran: not interrupted.
-JOB_RELEASE = f"""
+_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
@@ -383,10 +383,13 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     history = j.history || jsonb_build_array(jsonb_build_object(
         'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now,
         'interrupted', %(interrupted)s::boolean))
-FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS d(id, version)
+FROM clock, {{leases}} AS d(id, version)
 WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
 RETURNING j.id, j.status
 """
+# {leases}: the (id, version) pairs to release; lost_claims.JOB_RELEASE_LOST_CLAIMS reads them instead.
+JOB_RELEASE = _RELEASE.format(leases="unnest(%(ids)s::bigint[], %(versions)s::bigint[])")
+
 
 
 def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shutdown", interrupted: bool = False,

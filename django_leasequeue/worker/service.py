@@ -194,8 +194,11 @@ class WorkerService(RegisteredService):
         stop once stopped. See :class:`~django_leasequeue.worker.tally.WorkerCounts`."""
         started = self._started_at
         elapsed = 0.0 if started is None else (self._stopped_at or time.monotonic()) - started
-        return self.tally.counts(claimed=self.producer.claimed + self.producer.corrupt, elapsed=elapsed,
-                                 counted_elsewhere={"released": self.pool.prefetch_released,
+        producer = self.producer
+        return self.tally.counts(claimed=producer.claimed + producer.corrupt + producer.lost_claim_released,
+                                 elapsed=elapsed,
+                                 counted_elsewhere={"released": self.pool.prefetch_released
+                                                    + producer.lost_claim_released,
                                                     "dead_lettered": self.producer.corrupt})
 
     def summary(self) -> str:
@@ -344,6 +347,13 @@ class WorkerService(RegisteredService):
             self.listener.stop()
         # Prefetched jobs that no thread started go back at once; running ones get the grace period.
         self.pool.release_unstarted()
+        if self.producer.claim_unsure:
+            # The last claim raised and no claim since gave its jobs back: do it now, not a lease later.
+            try:
+                with_reconnect(self.producer.release_lost_claims)
+            except DatabaseError:
+                logger.exception("could not give back the jobs of a claim whose reply was lost; their leases "
+                                 "will expire")
         deadline = time.monotonic() + self.settings.shutdown_grace
         while time.monotonic() < deadline:
             with self.pool.lock:

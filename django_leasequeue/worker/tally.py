@@ -30,7 +30,8 @@ class WorkerCounts:
     """One worker's books at a moment.
 
     Attributes:
-        claimed (int): jobs its claims took, corrupt rows the claim dead-lettered included; a
+        claimed (int): jobs its claims took, corrupt rows the claim dead-lettered included, and
+            the jobs of claims whose reply was lost (given back, so also counted as released); a
             retry claimed again counts again (a claim is an attempt).
         done (int): attempts that ended with the job done (``succeeded``).
         retried (int): failed attempts with a retry scheduled.
@@ -38,7 +39,7 @@ class WorkerCounts:
             interrupted too often).
         lease_lost (int): attempts whose fenced write was refused: the job's token moved on.
         released (int): jobs given back to ``ready`` without an attempt spent (prefetched and not
-            started, a paused queue, a graceful stop).
+            started, a paused queue, a graceful stop, a claim whose reply was lost).
         snoozed (int): attempts that snoozed the job. cancelled (int): attempts that ended cancelled.
         elapsed (float): seconds from the worker's start to its stop (or to now, while it runs).
     """

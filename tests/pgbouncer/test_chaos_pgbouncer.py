@@ -31,6 +31,7 @@ import pytest
 from qa.models import LedgerEntry
 
 from django_leasequeue.models import Job
+from django_leasequeue.worker.producer import LOST_CLAIM_REASON
 from tests.support import wait_for
 from tests.support.chaos.harness import (
     Fleet,
@@ -66,15 +67,18 @@ def exact_books(ids: list[int]) -> dict[str, int]:
     the token a done job was completed with (false: that token's completion landed); executions
     that did not return without an error entry of their attempt, and failed attempts (error
     entries other than a lease expiry) without an execution. Besides: lease expiries of attempts
-    whose handler never started (a claim whose reply was lost) and of attempts that ran."""
+    whose handler never started (a claim whose reply was lost and that its worker did not give
+    back) and of attempts that ran, and the jobs of lost claims that their worker gave back."""
     entries = list(LedgerEntry.objects.filter(job_id__in=ids).values_list("job_id", "attempt", "outcome"))
     returned = Counter(job_id for job_id, _, outcome in entries if outcome == "returned")
     ran = {(job_id, attempt) for job_id, attempt, _ in entries}
     raised = {(job_id, attempt) for job_id, attempt, outcome in entries if outcome != "returned"}
-    books = dict.fromkeys(EXACT, 0) | {"expired_unstarted": 0, "expired_started": 0}
+    books = dict.fromkeys(EXACT, 0) | {"expired_unstarted": 0, "expired_started": 0, "lost_claim_released": 0}
     errored: set[tuple[int, int]] = set()
     for job_id, status, token, history, errors in Job.objects.filter(id__in=ids).values_list(
             "id", "status", "lease_version", "history", "errors"):
+        books["lost_claim_released"] += sum(1 for e in history if e.get("event") == "released"
+                                            and e.get("reason") == LOST_CLAIM_REASON)
         if status == "done":
             books["done_without_return"] += returned[job_id] == 0
             books["done_with_several_returns"] += returned[job_id] > 1
@@ -144,7 +148,8 @@ def notes(books: Ledger, exact: dict[str, int]) -> str:
     return (f"done jobs without exactly one returned execution: "
             f"{exact['done_without_return'] + exact['done_with_several_returns']}; lease_lost notes under the "
             f"completing token: {exact['false_lease_lost']}; lease expiries of claims whose reply was lost (no "
-            f"handler ran): {exact['expired_unstarted']}, of running attempts: {exact['expired_started']}; "
+            f"handler ran): {exact['expired_unstarted']}, of running attempts: {exact['expired_started']}; jobs of "
+            f"claims whose reply was lost, given back by their worker: {exact['lost_claim_released']}; "
             f"{runs_note(books)}")
 
 

@@ -1,0 +1,52 @@
+# The finished index gains the id as its last column: (status, finished_at, id). The retention
+# pruner starts each batch right after the (finished_at, id) where the previous one stopped
+# (store.JOB_PRUNE); with the id in the index that position is where the index scan starts (a
+# row comparison in the index condition), also inside a run of rows finished at the same instant
+# (a bulk cancel, a completion batch), so no batch walks again the entries of the rows earlier
+# batches deleted and vacuum has not removed yet. The queries that used the old index (dead-letter
+# lists, finished-in-window counts) use the new one: its leading columns are the same.
+#
+# How, without blocking writes to a large job table: the new index is built CONCURRENTLY beside the
+# old one under a temporary name, the old one is dropped CONCURRENTLY, and the new one takes the
+# old name. The migration is therefore not atomic (each step commits on its own); applied again
+# after an interruption at any step, it starts over from a clean state (the first step drops a
+# half-built index, which an interrupted CONCURRENTLY build leaves INVALID).
+#
+# The statements are plain SQL so that each can say IF [NOT] EXISTS; the model state moves with
+# them (state operations only).
+
+from django.db import migrations, models
+
+CONDITION = "WHERE status IN ('done', 'dead', 'cancelled')"
+
+
+def _swap(columns: str) -> list[str]:
+    return [
+        "DROP INDEX CONCURRENTLY IF EXISTS leasequeue_job_finished_new",
+        f"CREATE INDEX CONCURRENTLY leasequeue_job_finished_new ON leasequeue_job ({columns}) {CONDITION}",
+        "DROP INDEX CONCURRENTLY IF EXISTS leasequeue_job_finished",
+        "ALTER INDEX leasequeue_job_finished_new RENAME TO leasequeue_job_finished",
+    ]
+
+
+class Migration(migrations.Migration):
+
+    atomic = False
+
+    dependencies = [
+        ("django_leasequeue", "0017_prune_place"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(_swap("status, finished_at, id"), reverse_sql=_swap("status, finished_at")),
+            ],
+            state_operations=[
+                migrations.RemoveIndex(model_name="job", name="leasequeue_job_finished"),
+                migrations.AddIndex(model_name="job", index=models.Index(
+                    condition=models.Q(("status__in", ["done", "dead", "cancelled"])),
+                    fields=["status", "finished_at", "id"], name="leasequeue_job_finished")),
+            ],
+        ),
+    ]

@@ -652,14 +652,14 @@ class ReaperSweep(models.Model):
     # say how long ago the last tick was.
     scheduler_tick_at = models.DateTimeField(null=True, blank=True)
     # The retention pruner's place (store.job_prune): its current pass over the finished rows began
-    # at prune_pass_started_at (statement clock), and every finished row up to (prune_after_finished_at,
-    # prune_after_id) in (finished_at, id) order has been deleted or passed over, so the next batch
-    # starts after it. Here rather than in the pruning process, so that a pruner elected after
-    # another one was killed, or a runreaper --once started by cron, continues where the last one
-    # stopped. NULL: start from the oldest finished row.
+    # at prune_pass_started_at (statement clock), and its next batch walks the finished index from
+    # (prune_from_finished_at, prune_from_id), the first row the last batch deleted: every finished
+    # row before it has been deleted or passed over. Here rather than in the pruning process, so
+    # that a pruner elected after another one was killed, or a runreaper --once started by cron,
+    # continues where the last one stopped. NULL: from the oldest finished row.
     prune_pass_started_at = models.DateTimeField(null=True, blank=True)
-    prune_after_finished_at = models.DateTimeField(null=True, blank=True)
-    prune_after_id = models.BigIntegerField(null=True, blank=True)
+    prune_from_finished_at = models.DateTimeField(null=True, blank=True)
+    prune_from_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "leasequeue_reaper_sweep"

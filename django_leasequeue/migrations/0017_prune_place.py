@@ -14,8 +14,8 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(model_name="reapersweep", name="prune_pass_started_at",
                             field=models.DateTimeField(blank=True, null=True)),
-        migrations.AddField(model_name="reapersweep", name="prune_after_finished_at",
+        migrations.AddField(model_name="reapersweep", name="prune_from_finished_at",
                             field=models.DateTimeField(blank=True, null=True)),
-        migrations.AddField(model_name="reapersweep", name="prune_after_id",
+        migrations.AddField(model_name="reapersweep", name="prune_from_id",
                             field=models.BigIntegerField(blank=True, null=True)),
     ]

@@ -1,10 +1,12 @@
 # The finished index gains the id as its last column: (status, finished_at, id). The retention
-# pruner starts each batch right after the (finished_at, id) where the previous one stopped
+# pruner starts each batch at the (finished_at, id) of the first row the previous batch deleted
 # (store.JOB_PRUNE); with the id in the index that position is where the index scan starts (a
 # row comparison in the index condition), also inside a run of rows finished at the same instant
-# (a bulk cancel, a completion batch), so no batch walks again the entries of the rows earlier
-# batches deleted and vacuum has not removed yet. The queries that used the old index (dead-letter
-# lists, finished-in-window counts) use the new one: its leading columns are the same.
+# (a bulk cancel, a completion batch), so no batch walks the entries of all the rows deleted since
+# the last vacuum. The queries that used the old index (dead-letter lists, finished-in-window
+# counts) use the new one: its leading columns are the same. Its cost: entries with equal
+# (status, finished_at) are no longer deduplicated, so the index is larger where many jobs finish
+# at the same instant (docs/howto/performance.md measures it).
 #
 # How, without blocking writes to a large job table: the new index is built CONCURRENTLY beside the
 # old one under a temporary name, the old one is dropped CONCURRENTLY, and the new one takes the

@@ -101,7 +101,8 @@ def test_a_newly_elected_pruner_continues_from_the_place_the_killed_one_left(db_
     pruned_by_first = old_finished_jobs(5, hours=3)
     assert first.maintain_if_elected(0.0) is True
     assert (first.pruned, Job.objects.filter(pk__in=pruned_by_first).exists()) == (5, False)
-    assert ReaperSweep.objects.get().prune_after_id == pruned_by_first[-1]  # the place, in the sweep record
+    # The place, in the sweep record: the first row of the last batch (of 2, 2 and 1 rows).
+    assert ReaperSweep.objects.get().prune_from_id == pruned_by_first[4]
     # A row finished behind that place (a clock set back wrote it), and rows finished after it.
     behind = old_finished_jobs(1, hours=4)
     after = old_finished_jobs(3, hours=2)
@@ -111,7 +112,7 @@ def test_a_newly_elected_pruner_continues_from_the_place_the_killed_one_left(db_
     assert second.maintain_if_elected(60.0) is True
     assert second.pruned == 3 and not Job.objects.filter(pk__in=after).exists()
     assert list(Job.objects.values_list("id", flat=True)) == behind
-    assert ReaperSweep.objects.get().prune_after_id == after[-1]
+    assert ReaperSweep.objects.get().prune_from_id == after[2]  # batches of 2 and 1
     # The next full pass (PRUNE_FULL_PASS_EVERY after the first pass began) starts from the oldest
     # row and deletes it.
     db_clock.advance(store.PRUNE_FULL_PASS_EVERY)

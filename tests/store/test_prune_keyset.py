@@ -1,6 +1,6 @@
-"""The retention pruner walks the finished rows by keyset: each batch starts right after the
-(finished_at, id) of the last row the previous batch deleted, recorded in the sweep record, so it
-never walks again what earlier batches deleted; a full pass from the oldest row every
+"""The retention pruner walks the finished rows by keyset: each batch starts at the (finished_at, id)
+of the first row the previous batch deleted, recorded in the sweep record, so it never walks again
+what the batches before that one deleted; a full pass from the oldest row every
 ``PRUNE_FULL_PASS_EVERY`` seconds deletes what was kept past retention and is no longer read.
 Exact ids, counts and places; the walk is measured in buffers, not milliseconds."""
 
@@ -48,7 +48,7 @@ def finish(job_id: int, finished_at: datetime) -> None:
 
 def place() -> tuple[datetime | None, int | None, datetime | None]:
     row = ReaperSweep.objects.get()
-    return row.prune_after_finished_at, row.prune_after_id, row.prune_pass_started_at
+    return row.prune_from_finished_at, row.prune_from_id, row.prune_pass_started_at
 
 
 def finished_at(job_id: int) -> datetime:
@@ -89,7 +89,8 @@ def test_batches_delete_every_eligible_row_once_in_finished_order_and_keep_the_r
         # and inside the run of 25 equal finish times.
         assert deleted == set(eligible[len(gone):len(gone) + n]) and len(deleted) == n
         gone.extend(eligible[len(gone):len(gone) + n])
-        assert place()[:2] == (finish_times[gone[-1]], gone[-1])  # the last row deleted so far
+        if n:  # the next batch walks from the first row this one deleted
+            assert place()[:2] == (finish_times[gone[-n]], gone[-n])
         if n < 7:
             break
     assert counts == [7, 7, 7, 7, 7, 7, 7, 1]
@@ -99,7 +100,7 @@ def test_batches_delete_every_eligible_row_once_in_finished_order_and_keep_the_r
         dead + recent + [open_member, waited_on, blocker, waiting])
 
 
-def test_the_place_is_the_last_deleted_row_and_survives_in_the_sweep_record():
+def test_the_place_is_the_first_row_of_the_last_batch_and_lives_in_the_sweep_record():
     now = store.db_now() + timedelta(days=10)
     rows = insert_finished("done", now - timedelta(days=3), 10, step=1)
     assert not ReaperSweep.objects.exists()
@@ -108,14 +109,14 @@ def test_the_place_is_the_last_deleted_row_and_survives_in_the_sweep_record():
     record = ReaperSweep.objects.get()
     assert (record.last_sweep_at, record.resumed_at) == (datetime(1970, 1, 1, tzinfo=record.last_sweep_at.tzinfo),
                                                          None)
-    assert place() == (now - timedelta(days=3) + timedelta(seconds=3), rows[3], now)
+    assert place() == (now - timedelta(days=3), rows[0], now)
     assert store.job_prune(older_than=DAY, limit=4, now=now) == 4
-    assert place() == (now - timedelta(days=3) + timedelta(seconds=7), rows[7], now)
+    assert place() == (now - timedelta(days=3) + timedelta(seconds=4), rows[4], now)
     assert store.job_prune(older_than=DAY, limit=4, now=now) == 2
-    assert place() == (now - timedelta(days=3) + timedelta(seconds=9), rows[9], now)
+    assert place() == (now - timedelta(days=3) + timedelta(seconds=8), rows[8], now)
     # A batch that deletes nothing leaves the place alone (and writes nothing).
     assert store.job_prune(older_than=DAY, limit=4, now=now + timedelta(seconds=1)) == 0
-    assert place() == (now - timedelta(days=3) + timedelta(seconds=9), rows[9], now)
+    assert place() == (now - timedelta(days=3) + timedelta(seconds=8), rows[8], now)
 
 
 def test_a_kept_row_that_stops_being_read_is_pruned_by_the_next_full_pass():
@@ -126,7 +127,7 @@ def test_a_kept_row_that_stops_being_read_is_pruned_by_the_next_full_pass():
     finish(kept, old)
     after = insert_finished("done", old + timedelta(seconds=1), 5, step=1)
     assert store.job_prune(older_than=DAY, now=now) == 5  # the open batch's member is passed over
-    assert place()[1] == after[-1]
+    assert place()[1] == after[0]
     b.close()  # its only member is done: the workflow is finished, the member no longer read
     assert b.is_finished()
 
@@ -152,17 +153,17 @@ def test_the_place_moves_only_forward_and_only_within_the_pass_it_was_read_in():
     save = store.JOB_PRUNE_SAVE
     with connection.cursor() as cur:
         def record(**params: object) -> None:
-            cur.execute(save, {"restart": False, "pass_read": now, "pass_at": now, "after_at": None,
-                               "after_id": None, **params})
+            cur.execute(save, {"restart": False, "pass_read": now, "pass_at": now, "from_at": None,
+                               "from_id": None, **params})
 
-        record(restart=True, pass_read=None, after_at=finished_at(second), after_id=second)
+        record(restart=True, pass_read=None, from_at=finished_at(second), from_id=second)
         assert place() == (finished_at(second), second, now)
         # Another pruner in the same pass, which stopped earlier: the furthest place stays.
-        record(after_at=finished_at(first), after_id=first)
+        record(from_at=finished_at(first), from_id=first)
         assert place() == (finished_at(second), second, now)
         # A pruner that read an older pass (another one restarted meanwhile) changes nothing.
         record(pass_read=now - timedelta(hours=2), pass_at=now - timedelta(hours=2),
-               after_at=finished_at(first) + timedelta(days=1), after_id=first)
+               from_at=finished_at(first) + timedelta(days=1), from_id=first)
         assert place() == (finished_at(second), second, now)
         # A new pass sets the place outright, back to the start when its batch deleted nothing.
         record(restart=True, pass_at=now + timedelta(hours=1))

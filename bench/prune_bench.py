@@ -68,9 +68,9 @@ RETENTION = 7 * 86400.0  # the RETENTION default
 INDEX_NAME = "leasequeue_job_finished"
 INDEX_CONDITION = "WHERE status IN ('done', 'dead', 'cancelled')"
 
-# The retention pruner's statement before the keyset (django_leasequeue/store/maintenance.py up to
-# migration 0017): each subquery walks leasequeue_job_finished (status, finished_at) from the oldest
-# entry, over the entries of every row deleted since the last vacuum.
+# The retention pruner's statement before the keyset (django_leasequeue/store/maintenance.py with
+# migrations up to 0016): each subquery walks leasequeue_job_finished (status, finished_at) from the
+# oldest entry, over the entries of every row deleted since the last vacuum.
 _STILL_READ = """NOT EXISTS (SELECT 1 FROM leasequeue_workflow w WHERE w.id = j.workflow_id AND w.finished_at IS NULL)
       AND NOT (j.has_dependents AND EXISTS (
           SELECT 1 FROM leasequeue_dependency d JOIN leasequeue_job dj ON dj.id = d.job_id

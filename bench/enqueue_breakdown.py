@@ -27,20 +27,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH)
-sys.path[:0] = [BENCH, REPO]
+sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # loops and lqbench, then the working tree's package
 
 import psycopg  # noqa: E402
+from loops import connect, load_average, per_call, print_table, rounds, scratch_database  # noqa: E402
 
-PG = {k: os.environ.get(f"PG{k.upper()}", d) for k, d in
-      (("host", "127.0.0.1"), ("port", "5432"), ("user", "postgres"), ("password", ""))}
 ROWS = ["enqueue", "sync_off", "plain4", "ours", "ours_no_notify", "build_job"]
 LABELS = {
     "enqueue": "enqueue() durable",
@@ -50,10 +45,6 @@ LABELS = {
     "ours_no_notify": "bare psycopg: enqueue()'s INSERT without NOTIFY + commit",
     "build_job": "build_job() only (validation, no database)",
 }
-
-
-def connect(db: str) -> psycopg.Connection:
-    return psycopg.connect(dbname=db, autocommit=True, **{k: v for k, v in PG.items() if v})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,22 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r.strip() for r in a.only.split(",")] if a.only else ROWS
     if set(rows) - set(ROWS):
         ap.error(f"unknown row(s) {sorted(set(rows) - set(ROWS))}")
-    db = os.environ.get("LQBENCH_DB", "leasequeue_bench") + "_enqbd"
-    with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{db}"')
-    os.environ["LQBENCH_DB"] = db
-    os.environ["DJANGO_SETTINGS_MODULE"] = "lqbench.settings"
-    try:
-        subprocess.run([sys.executable, os.path.join(BENCH, "manage.py"), "migrate", "-v", "0"], check=True)
+    with scratch_database("enqbd", keep=a.keep) as db:
         return run(db, rows, a.n, a.reps)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not a.keep:
-            with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 def run(db: str, rows: list[str], n: int, reps: int) -> int:
@@ -115,10 +92,7 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
                 "payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())")
 
     def loop(body: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            body()
-        return (time.perf_counter() - t0) / n * 1e6
+        return per_call(body, n)
 
     def sync(value: str) -> None:
         with connection.cursor() as cur:
@@ -141,27 +115,16 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
         "build_job": lambda: loop(lambda: build_job(noop)),
     }
     noop.enqueue()  # warm up the connection and caches
-    results: dict[str, list[float]] = {r: [] for r in rows}
     with connect("postgres") as c:
         server_sync = c.execute("SHOW synchronous_commit").fetchone()[0]
-    load = open("/proc/loadavg").read().split()[:3]
-    print(f"[enqueue_breakdown] {n:,} calls per loop, {reps} round(s); load {' '.join(load)}", file=sys.stderr)
-    for rnd in range(reps):
-        for r in rows:
-            results[r].append(bodies[r]())
-            print(f"[enqueue_breakdown] round {rnd + 1}: {r} {results[r][-1]:,.0f} us/call", file=sys.stderr)
+    load = load_average()
+    print(f"[enqueue_breakdown] {n:,} calls per loop, {reps} round(s); load {load}", file=sys.stderr)
+    results = rounds({r: bodies[r] for r in rows}, reps, tag="enqueue_breakdown", digits=0)
     raw.close()
-    end_load = open("/proc/loadavg").read().split()[:3]
     print(f"Enqueue breakdown: {n:,} calls per loop, median of {reps} round(s) [min-max]; server "
-          f"synchronous_commit={server_sync}; load average {' '.join(load)} at start, {' '.join(end_load)} at end")
+          f"synchronous_commit={server_sync}; load average {load} at start, {load_average()} at end")
     print()
-    print("| loop | us per call | calls/s |")
-    print("|---|---|---|")
-    for r in rows:
-        v = results[r]
-        m = statistics.median(v)
-        rng = f" [{min(v):,.0f}-{max(v):,.0f}]" if len(v) > 1 else ""
-        print(f"| {LABELS[r]} | {m:,.1f}{rng} | {1e6 / m:,.0f} |")
+    print_table(results, LABELS, order=rows, digits=0)
     return 0
 
 

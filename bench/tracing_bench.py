@@ -25,27 +25,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH)
-sys.path[:0] = [BENCH, REPO]
+sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # loops and lqbench, then the working tree's package
 
-import psycopg  # noqa: E402
+from loops import load_average, per_call, print_table, rounds, scratch_database  # noqa: E402
 
-PG = {k: os.environ.get(f"PG{k.upper()}", d) for k, d in
-      (("host", "127.0.0.1"), ("port", "5432"), ("user", "postgres"), ("password", ""))}
 LABELS = {"off": "enqueue(), tracing off (no provider)", "on": "enqueue(), tracing on (SDK, in-memory export)",
           "span_off": "send_span() with tracing off, no database",
           "span_on": "send_span() with tracing on (SDK, in-memory export), no database"}
-
-
-def connect(db: str) -> psycopg.Connection:
-    return psycopg.connect(dbname=db, autocommit=True, **{k: v for k, v in PG.items() if v})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,22 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="rounds; each row is the median (default 3)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch database")
     a = ap.parse_args(argv)
-    db = os.environ.get("LQBENCH_DB", "leasequeue_bench") + "_trace"
-    with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{db}"')
-    os.environ["LQBENCH_DB"] = db
-    os.environ["DJANGO_SETTINGS_MODULE"] = "lqbench.settings"
-    try:
-        subprocess.run([sys.executable, os.path.join(BENCH, "manage.py"), "migrate", "-v", "0"], check=True)
+    with scratch_database("trace", keep=a.keep):
         return run(a.n, a.reps)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not a.keep:
-            with connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 def run(n: int, reps: int) -> int:
@@ -89,16 +65,10 @@ def run(n: int, reps: int) -> int:
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    def loop(body: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            body()
-        return (time.perf_counter() - t0) / n * 1e6
-
     def traced(on: bool) -> float:
         tracing.set_tracer_provider(provider if on else None)
         try:
-            return loop(noop.enqueue)
+            return per_call(noop.enqueue, n)
         finally:
             tracing.set_tracer_provider(None)
 
@@ -109,31 +79,21 @@ def run(n: int, reps: int) -> int:
     def span_on() -> float:
         tracing.set_tracer_provider(provider)
         try:
-            return loop(span)
+            return per_call(span, n)
         finally:
             tracing.set_tracer_provider(None)
 
     bodies: dict[str, Callable[[], float]] = {"off": lambda: traced(False), "on": lambda: traced(True),
-                                              "span_off": lambda: loop(span), "span_on": span_on}
+                                              "span_off": lambda: per_call(span, n), "span_on": span_on}
     noop.enqueue()  # warm up the connection and caches
-    results: dict[str, list[float]] = {r: [] for r in bodies}
-    load = open("/proc/loadavg").read().split()[:3]
-    for rnd in range(reps):
-        for r, body in bodies.items():
-            results[r].append(body())
-            print(f"[tracing_bench] round {rnd + 1}: {r} {results[r][-1]:,.1f} us/call", file=sys.stderr)
+    load = load_average()
+    results = rounds(bodies, reps, tag="tracing_bench")
     spans, stored = len(exporter.get_finished_spans()), Job.objects.filter(trace_context__isnull=False).count()
-    end_load = open("/proc/loadavg").read().split()[:3]
     print(f"Tracing cost of enqueue(): {n:,} calls per loop, median of {reps} round(s) [min-max]; load average "
-          f"{' '.join(load)} at start, {' '.join(end_load)} at end; {spans:,} send spans exported (both 'on' "
+          f"{load} at start, {load_average()} at end; {spans:,} send spans exported (both 'on' "
           f"loops), {stored:,} jobs with a trace context (of {Job.objects.count():,})")
     print()
-    print("| loop | us per call | calls/s |")
-    print("|---|---|---|")
-    for r, v in results.items():
-        m = statistics.median(v)
-        rng = f" [{min(v):,.1f}-{max(v):,.1f}]" if len(v) > 1 else ""
-        print(f"| {LABELS[r]} | {m:,.1f}{rng} | {1e6 / m:,.0f} |")
+    print_table(results, LABELS)
     return 0
 
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from .conf import get_settings
 from .exceptions import JobCancelled, JobTimedOut, LeaseLost
 from .payload import encode_result
+from .runtime import close_broken_connections, db_error_kind, is_connection_error
 
 if TYPE_CHECKING:
     from .store import ClaimedJob, DependencyOutcome
+
+logger = logging.getLogger("django_leasequeue.context")
 
 # Decides, between the heartbeat (which times a handler out) and the handler's thread (which
 # reports that it returned), which came first; held for a few instructions, once per job.
@@ -182,6 +187,10 @@ class JobContext:
         (:class:`JobCancelled`; the job then ends ``cancelled``); one made after it waits for this
         transaction and finds the job done.
 
+        A connection lost while committing (a restart of the server or of a pooler such as
+        PgBouncer) leaves the commit's fate unknown: the job row is then read on a new connection,
+        and when the commit landed the block ends normally, as if the reply had arrived.
+
         It must be the outermost transaction (``durable``): inside another ``atomic()`` block its
         "commit" would only release a savepoint, and the outer block could still roll back the job's
         completion. It may be used once per attempt, since it completes the job.
@@ -200,6 +209,7 @@ class JobContext:
         if self.completed_in_transaction:
             raise RuntimeError(f"job {self.job_id}: fenced_atomic() already completed this attempt; "
                                "put all the fenced writes in one block")
+        committing = False
         try:
             with transaction.atomic(using=self.alias, durable=True):
                 state = store.job_lock_for_commit(self.job_id, self.lease_version, alias=self.alias)
@@ -222,10 +232,59 @@ class JobContext:
                 # after it (another thread) knows the job was completed here, not taken over.
                 self.completed_in_transaction = True
                 self.fenced_result = fence.has_result
-        except BaseException:
+                committing = True  # whatever is raised from here on comes from the COMMIT
+        except BaseException as exc:
+            if committing and self._commit_landed(exc):
+                return  # committed: only the server's reply to the COMMIT was lost
             self.completed_in_transaction = False  # nothing was committed
             self.fenced_result = False
             raise
+
+    def _commit_landed(self, exc: BaseException) -> bool:
+        """Whether the COMMIT of :meth:`fenced_atomic`, which raised ``exc``, landed all the same.
+
+        A connection lost once the COMMIT was sent (a restarted server or pooler, a terminated
+        session) leaves it unknown: the server may have committed and only its reply be lost. The
+        job row, read on a new connection, tells: done under this attempt's token means committed
+        (only this token's holder completes a job under that token). Any other error is the
+        server's answer: nothing was committed.
+
+        The read is asked again while the database refuses connections and while the row is still
+        locked by that commit (running on the server after its client went away), for at most
+        half the lease: the heartbeat does not renew a job whose completion may have landed. When
+        it cannot be read, the commit is taken as not landed: the attempt fails, and the failure's
+        refused write then finds the job done under this token
+        (:func:`~django_leasequeue.executor.report_lease_lost`), so no lost lease is recorded.
+
+        Returns:
+            True when the job is done under this token: the block's writes and the completion
+            are committed.
+        """
+        from . import store
+
+        if not isinstance(exc, DatabaseError) or not is_connection_error(exc):
+            return False
+        deadline = time.monotonic() + self.lease_seconds / 2
+        delay = 0.05
+        while True:
+            close_broken_connections()
+            try:
+                settled = store.job_settled_under([(self.job_id, self.lease_version)], alias=self.alias)
+            except DatabaseError as read_error:
+                # Unreachable, or the row still locked by the commit in flight: ask again.
+                if db_error_kind(read_error) == "data" or time.monotonic() + delay > deadline:
+                    logger.warning("job %s: the connection was lost as fenced_atomic() committed, and the job "
+                                   "could not be read to learn whether the commit landed: %s", self.job_id,
+                                   read_error)
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            landed = settled.get(self.job_id) == "done"
+            logger.warning("job %s: the connection was lost as fenced_atomic() committed (%s); the job row "
+                           "shows the commit %s", self.job_id, str(exc).splitlines()[0] if str(exc) else
+                           type(exc).__name__, "landed" if landed else "did not land")
+            return landed
 
     def dependencies(self) -> dict[str, DependencyOutcome]:
         """This job's dependencies (a workflow step's, or ``enqueue(depends_on=...)``'s), read now.

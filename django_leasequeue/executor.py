@@ -196,19 +196,46 @@ def job_fields(job: store.ClaimedJob) -> dict[str, Any]:
     return signals.event_fields(job.id, job.task, job.queue, job.attempts, job.lease_version)
 
 
-def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> None:
-    """Record that the worker running ``ctx`` lost its lease: flag, event, and a durable note.
+# The event of an attempt whose outcome its own earlier write recorded (see report_lease_lost()).
+_SETTLED_EVENTS = {"done": "succeeded", "ready": "retried", "dead": "dead_lettered", "cancelled": "cancelled"}
 
-    Marks ``ctx`` lost, emits ``lease_lost`` (with ``write`` and ``timed_out``), and appends a
-    ``lease_lost`` entry to the job's history through :func:`store.job_note_lease_lost` (once per
-    token), which the lease report counts as a fence rejection. Never raises on database errors:
-    the note is diagnostics, the fenced write already protected the job.
+
+def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> str | None:
+    """Record that the worker running ``ctx`` lost its lease: flag, event, and a durable note;
+    unless the refused write found the job settled by this very attempt.
+
+    A fenced write is refused when the row no longer carries this token in ``leased``: the lease
+    moved on, or an earlier write of this attempt whose reply was lost with its connection had
+    landed (a completion committed as a pooler or server restarted, then repeated, or renewed
+    against, on a new connection). The row, read under the token first, tells them apart: a job
+    that left ``leased`` still under this token was settled by this attempt (only its holder
+    writes so; claims, the reaper and operators move the token), and is no lost lease. Then
+    nothing is written or emitted, and the caller records the attempt's outcome.
+
+    Otherwise marks ``ctx`` lost, emits ``lease_lost`` (with ``write`` and ``timed_out``), and
+    appends a ``lease_lost`` entry to the job's history through :func:`store.job_note_lease_lost`
+    (once per token), which the lease report counts as a fence rejection. Never raises on
+    database errors: the note is diagnostics, the fenced write already protected the job.
 
     Args:
         ctx: the attempt's context.
         write: the refused write (``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``, ``handler``).
         fields: event fields; default built from ``ctx``.
+
+    Returns:
+        None when the lost lease was reported; else the status (``done``, ``ready``, ``dead``,
+        ``cancelled``) in which this attempt's own earlier write left the job.
     """
+    try:
+        settled = store.job_settled_under([(ctx.job_id, ctx.lease_version)], alias=ctx.alias).get(ctx.job_id)
+    except DatabaseError:
+        close_broken_connections()  # cannot tell: report the loss (the note will likely fail too)
+        settled = None
+    if settled is not None:
+        logger.warning("job %s: a %s write of token %s was refused, but the job is %s under that token: an "
+                       "earlier write of this attempt landed (its reply was lost); not a lost lease",
+                       ctx.job_id, write, ctx.lease_version, settled)
+        return settled
     ctx.mark_lease_lost()
     if fields is None:
         fields = ctx_fields(ctx)
@@ -219,6 +246,16 @@ def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | N
     except DatabaseError:
         logger.warning("job %s: could not record the lost lease in its history", ctx.job_id, exc_info=True)
         close_broken_connections()
+    return None
+
+
+def end_settled_attempt(ctx: JobContext, status: str, fields: dict[str, Any], *, write: str) -> str:
+    """Emit the event of an attempt that :func:`report_lease_lost` found settled by its own
+    earlier write (``status``: the job's status now); return ``status`` as the attempt's outcome
+    (``snoozed`` for a snooze that put the job back to ``ready``)."""
+    event = "snoozed" if write == "snooze" and status == "ready" else _SETTLED_EVENTS.get(status, "succeeded")
+    end_attempt(ctx, event, **fields)
+    return "snoozed" if event == "snoozed" else status
 
 
 class Executor:
@@ -290,8 +327,8 @@ class Executor:
         except JobCancelled:
             return self._cancelled(job, ctx, fields)
         except LeaseLost:
-            report_lease_lost(ctx, write="handler", fields=fields)
-            return "lease_lost"
+            settled = report_lease_lost(ctx, write="handler", fields=fields)
+            return "lease_lost" if settled is None else end_settled_attempt(ctx, settled, fields, write="handler")
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are failed attempts, not dead threads
             if ctx.completed_in_transaction:
                 # fenced_atomic() committed the job as done; an error after it changes nothing.
@@ -557,8 +594,8 @@ class Executor:
             logger.exception("job %s: could not record the failure; the lease will expire", job.id)
             return "unrecorded"
         if outcome is None:
-            report_lease_lost(ctx, write="fail", fields=fields)
-            return "lease_lost"
+            settled = report_lease_lost(ctx, write="fail", fields=fields)
+            return "lease_lost" if settled is None else end_settled_attempt(ctx, settled, fields, write="fail")
         status, run_at = outcome
         if status == "cancelled":  # a cancel was requested while the handler ran
             end_attempt(ctx, "cancelled", error=error["type"], **fields)
@@ -577,8 +614,8 @@ class Executor:
                                                           max_snoozes=self.settings.max_snoozes,
                                                           alias=self.alias))
         if outcome is None:
-            report_lease_lost(ctx, write="snooze", fields=fields)
-            return "lease_lost"
+            settled = report_lease_lost(ctx, write="snooze", fields=fields)
+            return "lease_lost" if settled is None else end_settled_attempt(ctx, settled, fields, write="snooze")
         event = {"ready": "snoozed", "cancelled": "cancelled"}.get(outcome, "dead_lettered")
         end_attempt(ctx, event, seconds=seconds, **fields)
         return "snoozed" if outcome == "ready" else outcome
@@ -598,8 +635,8 @@ class Executor:
     def _cancelled(self, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any]) -> str:
         done = with_reconnect(lambda: store.job_cancel_leased(job.id, job.lease_version, alias=self.alias))
         if not done:
-            report_lease_lost(ctx, write="cancel", fields=fields)
-            return "lease_lost"
+            settled = report_lease_lost(ctx, write="cancel", fields=fields)
+            return "lease_lost" if settled is None else end_settled_attempt(ctx, settled, fields, write="cancel")
         end_attempt(ctx, "cancelled", **fields)
         return "cancelled"
 

@@ -19,6 +19,7 @@ Where to look, and where a new statement goes:
                     ``JOB_CLAIM_ANY_QUEUE_RATED``), pause and resume, flow-control figures
 ``lease``           a lease holder's fenced writes: renew, complete, fail, snooze, cancel, release,
                     the ``fenced_atomic()`` lock, timed-out and lease-lost notes, late results
+``lost_claims``     the jobs of a claim whose reply was lost, given back before the next claim
 ``maintenance``     the reaper's sweep, pruning (finished jobs, rate-key logs), process rows,
                     dead-lettering unknown tasks
 ``operator``        the admin's bulk operations: request cancel, replay, retry now
@@ -145,6 +146,7 @@ from .lease import (
     JOB_RELEASE,
     JOB_RENEW,
     JOB_SET_RESULT,
+    JOB_SETTLED_UNDER,
     JOB_SNOOZE,
     Completed,
     Released,
@@ -160,8 +162,10 @@ from .lease import (
     job_release,
     job_renew,
     job_set_result,
+    job_settled_under,
     job_snooze,
 )
+from .lost_claims import CLAIM_CLOCK_US, JOB_RELEASE_LOST_CLAIMS, claim_clock_us, job_release_lost_claims
 from .maintenance import (
     JOB_DEAD_LETTER_UNKNOWN,
     JOB_PRUNE,
@@ -296,7 +300,8 @@ __all__ = [
     "JOB_COMPLETE", "JOB_DEAD_CORRUPT", "JOB_DEAD_LETTER_UNKNOWN", "JOB_EXPIRE_LEASE", "JOB_FAIL", "JOB_GET",
     "JOB_INSERT", "JOB_INSERT_MANY", "JOB_INSERT_ONE", "JOB_LOCK_FENCED", "JOB_MAKE_DUE", "JOB_NOTE_LEASE_LOST",
     "JOB_NOTE_RESULT_DROPPED", "JOB_NOTE_TIMED_OUT", "JOB_PRUNE", "JOB_PRUNE_SAVE", "JOB_PRUNE_WORKFLOWS",
-    "JOB_REAP", "JOB_RELEASE", "JOB_RENEW",
+    "JOB_REAP", "JOB_RELEASE", "JOB_RELEASE_LOST_CLAIMS", "JOB_RENEW", "CLAIM_CLOCK_US", "claim_clock_us",
+    "job_release_lost_claims",
     "JOB_REPLAY", "JOB_REQUEST_CANCEL", "JOB_RETRY_NOW", "JOB_SET_RESULT", "JOB_SNOOZE", "JOB_TABLE", "KeyWait",
     "LEASE_REPORT", "NewJob", "PROCESSES", "PROCESS_HEARTBEAT", "PROCESS_MAINTAINER", "PROCESS_PRUNE", "PROCESS_TABLE",
     "TraceContext",
@@ -424,3 +429,4 @@ __all__ += ["QUEUE_NAMES_DEAD", "QUEUE_NAMES_HOLDING", "TASK_NAMES_DEAD", "Previ
 from .read import QUEUE_STATE_ONE, QUEUE_TOP_ERRORS, queue_page_rows, queue_schedules  # noqa: E402
 
 __all__ += ["QUEUE_STATE_ONE", "QUEUE_TOP_ERRORS", "queue_page_rows", "queue_schedules"]
+__all__ += ["JOB_SETTLED_UNDER", "job_settled_under"]

@@ -201,12 +201,26 @@ class ClaimResult(list[ClaimedJob]):
             the seconds until one more claim is allowed (the oldest logged claim leaves the window).
         corrupt (list[tuple[int, str, str]]): ``(job id, task, reason)`` of the claimed rows that
             could not be decoded and were dead-lettered as ``CorruptRow`` instead (not in the list).
+        clock_us (int | None): the database clock of the claim statement, in integer microseconds
+            since the epoch: the ``attempted_at`` it wrote into every row it leased (the latest, for
+            a claim of several statements); None when it leased nothing. A worker keeps the latest
+            one it received to find the rows of a claim whose reply it lost
+            (:func:`~django_leasequeue.store.lost_claims.job_release_lost_claims`).
     """
 
     def __init__(self, jobs: Iterable[ClaimedJob] = (), throttled: Mapping[str, float] | None = None) -> None:
         super().__init__(jobs)
         self.throttled: dict[str, float] = dict(throttled or {})
         self.corrupt: list[tuple[int, str, str]] = []
+        self.clock_us: int | None = None
+
+    def merge(self, other: ClaimResult) -> None:
+        """Add the jobs, corrupt rows, throttled queues and clock of ``other`` (one part of a claim)."""
+        self.extend(other)
+        self.corrupt.extend(other.corrupt)
+        self.throttled.update(other.throttled)
+        if other.clock_us is not None:
+            self.clock_us = max(other.clock_us, self.clock_us or other.clock_us)
 
     @property
     def throttle_wait(self) -> float | None:
@@ -297,19 +311,14 @@ def _claim_with_fair(*, queues: Sequence[str], limit: int, worker_id: str, lease
                       "all_tasks": tasks is None}
             rows, description = keys._claim_fair(params, queue, alias=alias)
             names = _column_names(description)
-            decoded = _decode_claims(keys.fair_order(rows, names), names, alias, worker_id=worker_id, now=now,
-                                     ordered=True)
-            jobs.extend(decoded)
-            jobs.corrupt.extend(decoded.corrupt)
+            jobs.merge(_decode_claims(keys.fair_order(rows, names), names, alias, worker_id=worker_id, now=now,
+                                      ordered=True))
 
     def claim_rest() -> None:
         left = limit - len(jobs)
         if rest and left > 0:
-            other = job_claim(queues=rest, limit=left, worker_id=worker_id, lease=lease, now=now, alias=alias,
-                              rate_limits=rate_limits, tasks=tasks, fair_queues=())
-            jobs.extend(other)
-            jobs.corrupt.extend(other.corrupt)
-            jobs.throttled.update(other.throttled)
+            jobs.merge(job_claim(queues=rest, limit=left, worker_id=worker_id, lease=lease, now=now, alias=alias,
+                                 rate_limits=rate_limits, tasks=tasks, fair_queues=()))
 
     for part in ((claim_fair, claim_rest) if next(_fair_turn) % 2 == 0 else (claim_rest, claim_fair)):
         part()
@@ -428,6 +437,8 @@ def _decode_claims(rows: list[Any], names: tuple[str, ...], alias: str, *, worke
     jobs = ClaimResult(throttled=throttled)
     if not rows:
         return jobs
+    # One clock reading per statement (the MATERIALIZED clock CTE): the same in every row.
+    jobs.clock_us = rows[0][names.index("claimed_at_us")]
     decode = _claim_decoder(names)
     i_id, i_version, i_task = names.index("id"), names.index("lease_version"), names.index("task")
     zone = _connection_zone(alias)

@@ -148,6 +148,50 @@ def job_complete(items: Iterable[tuple[int, int, str | None]], *, now: datetime 
     return Completed(map(int, done.split(",")) if done else (), map(int, cancelled.split(",")) if cancelled else ())
 
 
+# The jobs among (id, token) pairs that still carry that token, with their status. Only the
+# token's holder takes a job out of 'leased' without moving the token (complete, fail, snooze,
+# cancel, release: all fenced on it); a claim, the reaper and an operator's release move it
+# forward. So such a row found in another status was settled by that holder's own write. Read
+# after a write whose reply was lost with its connection (the COMMIT reached the server, the answer
+# never came back), it says whether the write landed, where the fenced write repeated on a new
+# connection would only find the row changed and take that for a lost lease.
+# FOR SHARE NOWAIT: the lost commit may still be running on the server (its session has not yet
+# noticed that the client is gone) and hold the row lock; the snapshot would show the row as it
+# was before that commit. Waiting for the lock could wait long (a session behind a silent network),
+# so the read fails at once instead (LockNotAvailable) and the caller asks again. The status filter
+# is applied by the caller: in the WHERE clause it would be checked on the old version and skip
+# the locked row instead of waiting for it.
+JOB_SETTLED_UNDER = f"""
+SELECT j.id, j.status FROM {JOB_TABLE} j
+JOIN unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS d(id, version) ON j.id = d.id
+WHERE j.lease_version = d.version
+FOR SHARE OF j NOWAIT
+"""
+
+
+def job_settled_under(leases: Iterable[tuple[int, int]], *, alias: str | None = None) -> dict[int, str]:
+    """The jobs among ``leases`` (``(job id, lease_version)`` pairs) that left ``leased`` under that
+    very token, with their status: what the token holder's own write made of them.
+
+    A fenced write refused (0 rows) means the lease was lost, unless an earlier write of the same
+    holder, whose reply was lost with its connection, had already landed; this read tells the two
+    apart.
+
+    Returns:
+        ``{job id: status}`` (``done``, ``ready``, ``dead``, ``cancelled``...) of those jobs; a job
+        still ``leased`` under its token, or whose token moved on, is absent.
+
+    Raises:
+        django.db.OperationalError: a row is locked by a transaction still in flight
+            (``LockNotAvailable``, SQLSTATE 55P03: ask again shortly), or the database is unreachable.
+    """
+    leases = list(leases)
+    if not leases:
+        return {}
+    params = {"ids": [x[0] for x in leases], "versions": [x[1] for x in leases]}
+    return {int(r[0]): str(r[1]) for r in _run(JOB_SETTLED_UNDER, params, alias=alias).rows if r[1] != "leased"}
+
+
 # Lock the job row if, and only if, the caller still holds the lease. Used by fenced_atomic():
 # the row lock is held to the end of the caller's transaction, so no reaper, release, claim or
 # cancel request can change the row between this check and the commit of the handler's own rows.
@@ -307,7 +351,7 @@ def job_cancel_leased(job_id: int, version: int, *, now: datetime | None = None,
 # interruption; the refund is bounded: a job already interrupted MAX_INTERRUPTIONS times is
 # dead-lettered with an ``Interrupted`` error instead (its attempt counts), so a handler that hangs
 # without a timeout stops re-running on every deploy. Prefetched jobs never ran: not interrupted.
-JOB_RELEASE = f"""
+_RELEASE = f"""
 WITH clock AS MATERIALIZED ({CLOCK_WAKING})
 UPDATE {JOB_TABLE} j
 SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
@@ -339,10 +383,13 @@ SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
     history = j.history || jsonb_build_array(jsonb_build_object(
         'event', 'released', 'reason', %(reason)s::text, 'worker', j.leased_by, 'at', clock.now,
         'interrupted', %(interrupted)s::boolean))
-FROM clock, unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS d(id, version)
+FROM clock, {{leases}} AS d(id, version)
 WHERE j.id = d.id AND j.lease_version = d.version AND j.status = 'leased'
 RETURNING j.id, j.status
 """
+# {leases}: the (id, version) pairs to release; lost_claims.JOB_RELEASE_LOST_CLAIMS reads them instead.
+JOB_RELEASE = _RELEASE.format(leases="unnest(%(ids)s::bigint[], %(versions)s::bigint[])")
+
 
 
 def job_release(leases: Iterable[tuple[int, int]], *, reason: str = "worker shutdown", interrupted: bool = False,

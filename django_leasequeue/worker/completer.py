@@ -19,7 +19,15 @@ from django.db import DatabaseError
 
 from .. import signals, store
 from ..context import JobContext
-from ..executor import _HOOKS, attempt_ended, ctx_fields, end_attempt, report_lease_lost, with_reconnect
+from ..executor import (
+    _HOOKS,
+    attempt_ended,
+    ctx_fields,
+    end_attempt,
+    end_settled_attempt,
+    report_lease_lost,
+    with_reconnect,
+)
 from ..failures import describe_error
 from ..runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 
@@ -148,7 +156,12 @@ class Completer(Service):
                 elif ctx.job_id in failed:  # refused by the database: already recorded (and emitted)
                     continue
                 elif not ctx.lease_lost:  # a loss the heartbeat found was reported already
-                    report_lease_lost(ctx, write="complete", fields=fields)
+                    settled = report_lease_lost(ctx, write="complete", fields=fields)
+                    if settled is not None:
+                        # Not lost: this completion had landed on a connection that dropped before
+                        # its reply came back, and with_reconnect()'s second try found it done.
+                        self.completed += settled == "done"
+                        end_settled_attempt(ctx, settled, fields, write="complete")
 
     def _complete_one_by_one(self, batch: list[tuple[JobContext, str | None]]) -> tuple[store.Completed, set[int]]:
         """Write ``batch`` one completion at a time; a completion the database refuses (e.g. a

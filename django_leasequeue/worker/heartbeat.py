@@ -101,6 +101,9 @@ class HeartbeatService(Service):
                     # check above (the flag is set before that commit); the job is done, not lost.
                     # Nor is a job this worker let go of since the snapshot (a prefetched job
                     # released or cancelled unstarted: it leaves the held list before that write).
+                    # Nor a job whose completion landed while its reply was lost (the completer's
+                    # batch, or fenced_atomic(), on a connection that dropped): report_lease_lost()
+                    # finds it settled under its token and reports nothing; its writer records it.
                     if not item.ctx.lease_lost and not item.ctx.completed_in_transaction \
                             and self.pool.holds(item):
                         report_lease_lost(item.ctx, write="renew")

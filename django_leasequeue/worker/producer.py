@@ -5,18 +5,30 @@ them to the pool. When recent jobs were short it also *prefetches*: it claims a 
 free threads, as many as the threads are expected to start within ``PREFETCH_WAIT`` seconds (at
 most ``PREFETCH_MAX``), so that a busy worker claims in batches instead of one statement per freed
 thread. When a queue's rate limit is used up it waits until the window frees (no retry loop).
+
+A claim that raised (the connection dropped while it was in flight: a PgBouncer or PostgreSQL
+restarted at that instant) may have committed with its reply lost: its jobs are then leased to
+this worker, which never learned of them. Before its next claim the producer gives them back
+(:meth:`Producer.release_lost_claims`), found by the claim clock: see
+:func:`~django_leasequeue.store.job_release_lost_claims`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
 from .. import signals, store
 from .pool import Pool
 
+logger = logging.getLogger("django_leasequeue.worker")
+
 # Added to a rate-limit wait: the window is closed, so a claim exactly at the boundary still counts.
 THROTTLE_MARGIN = 0.005
+
+# The reason of the ``released`` history entry and event of a job given back by release_lost_claims.
+LOST_CLAIM_REASON = "claim reply lost"
 
 
 class Producer:
@@ -46,6 +58,7 @@ class Producer:
         self.prefetch_max = prefetch_max
         self.tasks = tasks
         self.claimed = 0
+        self.corrupt = 0  # claimed rows that could not be decoded, dead-lettered by the claim
         self.throttled = 0  # claims cut short by a queue rate limit
         self._throttled_until = 0.0
         # The last claim got fewer jobs than free slots: a written completion may free a
@@ -58,6 +71,13 @@ class Producer:
         self.found_nothing = False
         # time.monotonic() at the start of the last claim statement.
         self.claim_started = 0.0
+        # The latest claim clock received (ClaimResult.clock_us; before the first claim, the clock
+        # read then), in epoch microseconds: every job this worker holds was leased at or before it.
+        self.claim_clock_us: int | None = None
+        # A claim raised: it may have committed jobs to this worker that it never learned of.
+        self.claim_unsure = False
+        # Jobs of claims whose reply was lost, given back (counted as claimed and as released).
+        self.lost_claim_released = 0
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -78,6 +98,10 @@ class Producer:
         """
         self.drained = False
         self.found_nothing = False
+        if self.claim_unsure:
+            # Before anything else (a DatabaseError here skips this round, and the next one tries
+            # again): the jobs of a claim whose reply was lost are due at once, not after a lease.
+            self.release_lost_claims()
         now = time.monotonic()
         if now < self._throttled_until:
             # A rate limit used up the allowance: a NOTIFY or a freed slot must not make us claim
@@ -95,11 +119,24 @@ class Producer:
                 pool.saturated = True
                 return None
             want = pool.concurrency + extra - held
+            # Read before the claim: a job of ours that ends after the claim's snapshot (a failed
+            # attempt whose retry is due at once) is then not taken for "nothing left".
+            idle = not pool.inflight
+        if self.claim_clock_us is None:
+            self.claim_clock_us = store.claim_clock_us(alias=self.alias)
         self.claim_started = time.monotonic()
+        # Set until the claim's result is in hand: whatever made it raise (the connection dropped
+        # in flight, or a later part of a fair claim failed after the first had committed), rows it
+        # leased may be committed.
+        self.claim_unsure = True
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
                                alias=self.alias, tasks=self.tasks())
+        self.claim_unsure = False
+        if jobs.clock_us is not None:
+            self.claim_clock_us = max(self.claim_clock_us, jobs.clock_us)
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
             signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
+        self.corrupt += len(jobs.corrupt)
         self.claimed += len(jobs)
         pool.pause_view.claimed(now, jobs)  # ``now`` was read before the claim was sent
         items = [pool.hold(job) for job in jobs]
@@ -107,7 +144,6 @@ class Producer:
             for item in items:
                 pool.inflight[item.job.id] = item
             pool.saturated = len(jobs) >= want
-            idle = not pool.inflight
         put = pool.tasks.put
         for item in items:
             put(item)
@@ -125,3 +161,35 @@ class Producer:
         self.drained = idle
         self.found_nothing = True
         return None
+
+    def release_lost_claims(self) -> int:
+        """Give back the jobs that this worker's claims leased after the latest claim result it
+        received: those of a claim that raised (its reply lost with the connection), which no
+        thread of this worker holds or ever will. Released as a prefetched job that never ran is:
+        ``ready`` at once, the attempt not counted, the token bumped.
+
+        Released rather than adopted into the pool: the claim's rows (arguments, trace context) were
+        lost with its reply, so adopting would need a read and decode path of its own, and the
+        free threads the claim was sized for may be taken by then. Released, they are due at once
+        and the very next claim (this worker's or another's) takes them like any ready job.
+
+        Returns:
+            The number of jobs released.
+
+        Raises:
+            DatabaseError: the release failed; :attr:`claim_unsure` stays set, so the next
+            round tries again before it claims.
+        """
+        if self.claim_clock_us is None:  # no claim was sent
+            self.claim_unsure = False
+            return 0
+        released = store.job_release_lost_claims(self.worker_id, since_us=self.claim_clock_us,
+                                                 reason=LOST_CLAIM_REASON, alias=self.alias)
+        self.claim_unsure = False
+        for job_id in sorted(released):
+            signals.emit("released", job_id=job_id, reason=LOST_CLAIM_REASON)
+        self.lost_claim_released += len(released)
+        if released:
+            logger.warning("worker %s: gave back %d job(s) leased by a claim whose reply was lost: %s",
+                           self.worker_id, len(released), sorted(released))
+        return len(released)

@@ -48,7 +48,7 @@ from django.db import DatabaseError
 
 from .. import registry, signals, store
 from ..conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
-from ..executor import Executor, with_reconnect
+from ..executor import Executor, install_attempt_hook, uninstall_attempt_hook, with_reconnect
 from ..notify import Listener
 from ..processes import RegisteredService, make_process_id
 from ..reaper import ReaperService
@@ -56,6 +56,7 @@ from .completer import Completer
 from .heartbeat import HeartbeatService
 from .pool import InFlight, Pool
 from .producer import Producer
+from .tally import WorkerCounts, WorkerTally
 
 logger = logging.getLogger("django_leasequeue.worker")
 
@@ -177,11 +178,33 @@ class WorkerService(RegisteredService):
         # of a job due later wakes the loop, which cannot miss one that way.
         self._wait_ends_at: float | None = None
         self._wait_lock = threading.Lock()
+        # What this worker did, for the line runworker prints when it stops (summary()).
+        self.tally = WorkerTally(self.worker_id)
+        self._started_at: float | None = None  # time.monotonic() at the start
+        self._stopped_at: float | None = None  # time.monotonic() at the end of the stop
 
     @property
     def claimed(self) -> int:
         """Jobs claimed since start."""
         return self.producer.claimed
+
+    def counts(self) -> WorkerCounts:
+        """What this worker did since it started: jobs claimed, then each outcome (done, retried,
+        dead-lettered, lease lost, released, snoozed, cancelled) and the seconds it ran, up to its
+        stop once stopped. See :class:`~django_leasequeue.worker.tally.WorkerCounts`."""
+        started = self._started_at
+        elapsed = 0.0 if started is None else (self._stopped_at or time.monotonic()) - started
+        producer = self.producer
+        return self.tally.counts(claimed=producer.claimed + producer.corrupt + producer.lost_claim_released,
+                                 elapsed=elapsed,
+                                 counted_elsewhere={"released": self.pool.prefetch_released
+                                                    + producer.lost_claim_released,
+                                                    "dead_lettered": self.producer.corrupt})
+
+    def summary(self) -> str:
+        """:meth:`counts` as one line, ``worker ID stopped after 4.2 s: 8 claimed, 6 done, ...``
+        (``running for`` until the worker has stopped)."""
+        return self.counts().summary(self.worker_id, stopped=self._stopped_at is not None)
 
     @property
     def throttled(self) -> int:
@@ -256,6 +279,8 @@ class WorkerService(RegisteredService):
         return known
 
     def on_start(self) -> None:
+        self._started_at = time.monotonic()
+        install_attempt_hook(self.tally)
         registry.autodiscover()
         self.pool.start_threads()
         self.register()
@@ -322,6 +347,13 @@ class WorkerService(RegisteredService):
             self.listener.stop()
         # Prefetched jobs that no thread started go back at once; running ones get the grace period.
         self.pool.release_unstarted()
+        if self.producer.claim_unsure:
+            # The last claim raised and no claim since gave its jobs back: do it now, not a lease later.
+            try:
+                with_reconnect(self.producer.release_lost_claims)
+            except DatabaseError:
+                logger.exception("could not give back the jobs of a claim whose reply was lost; their leases "
+                                 "will expire")
         deadline = time.monotonic() + self.settings.shutdown_grace
         while time.monotonic() < deadline:
             with self.pool.lock:
@@ -379,6 +411,9 @@ class WorkerService(RegisteredService):
                                      message="interrupted more than MAX_INTERRUPTIONS times")
                     else:
                         signals.emit("released", job_id=job_id, reason="worker shutdown")
+                dead = sum(1 for job_id in released if job_id in released.dead)
+                self.tally.add("dead_lettered", dead)
+                self.tally.add("released", len(released) - dead)
                 logger.info("released %d job(s) still running after the %.0f s grace period",
                             len(released), self.settings.shutdown_grace)
             except DatabaseError:
@@ -392,4 +427,6 @@ class WorkerService(RegisteredService):
             logger.exception("could not deregister worker %s", self.worker_id)
         if self.listener is not None:
             self.listener.join(2.0)
+        uninstall_attempt_hook(self.tally)
+        self._stopped_at = time.monotonic()
         logger.info("worker %s stopped (claimed %d)", self.worker_id, self.producer.claimed)

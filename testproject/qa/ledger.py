@@ -8,6 +8,9 @@ transaction rolled back, fenced out or cut by a fault still leaves its execution
 A write must never change the behaviour under test, so it never blocks or raises: when the
 database cannot be reached (an outage, a restart), the event is kept in this process with the
 worker's wall-clock time and a background thread writes it once the database is back, in order.
+A write may also have landed although its reply was lost with the connection (a restart, a pooler
+killed mid-statement): it is queued and written again all the same, so both writes are
+idempotent (a start's INSERT does nothing when its row exists; an end's UPDATE sets the same row).
 A process killed with events still pending loses them; in the suite no kill coincides with an
 outage.
 """
@@ -32,13 +35,21 @@ from django_leasequeue import JobContext
 from django_leasequeue.notify import _NOT_LIBPQ
 
 _local = threading.local()
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _pending
+# One flush at a time: the flusher thread and the flush at exit (which runs while that daemon
+# thread still does) would otherwise both write the head event and both pop: the event after it
+# is dropped unwritten, or one of them pops an empty queue and dies.
+_flush_lock = threading.Lock()
 _pending: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
 _flusher: threading.Thread | None = None
 
 _START = ("INSERT INTO qa_ledgerentry (key, job_id, lease_version, attempt, task, worker, pid, concurrency_key, "
           "started_at, started_clock, returned_clock, outcome) "
-          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, coalesce(%s, clock_timestamp()), %s, '', '')")
+          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, coalesce(%s, clock_timestamp()), %s, '', '') "
+          # A write whose commit reached the server while its reply was lost (a restart, a pooler
+          # killed mid-statement) is queued and written again: the second INSERT must be a no-op,
+          # not a unique violation that blocks every later event of the process behind it.
+          "ON CONFLICT (key) DO NOTHING")
 _RETURN = ("UPDATE qa_ledgerentry SET returned_at = coalesce(%s, clock_timestamp()), returned_clock = %s, "
            "outcome = %s WHERE key = %s")
 
@@ -47,6 +58,10 @@ def _connect() -> psycopg.Connection[Any]:
     params = {k: v for k, v in connections["default"].get_connection_params().items() if k not in _NOT_LIBPQ}
     params["application_name"] = f"lqledger-{os.getpid()}"
     params["connect_timeout"] = 2
+    # No server-side prepared statements (psycopg prepares a query run 5 times): behind PgBouncer in
+    # transaction mode the next statement may get another server connection, which lacks them
+    # ("prepared statement _pg3_0 does not exist"). Django's own connections do the same.
+    params["prepare_threshold"] = None
     return psycopg.connect(**params, autocommit=True)
 
 
@@ -76,15 +91,16 @@ _flusher_conn = _Holder()
 
 def _flush_pending() -> bool:
     """Write the pending events in order; True when none is left."""
-    while True:
-        with _lock:
-            if not _pending:
-                return True
-            sql, params = _pending[0]
-        if not _execute(_flusher_conn, sql, params):
-            return False
-        with _lock:
-            _pending.popleft()
+    with _flush_lock:
+        while True:
+            with _lock:
+                if not _pending:
+                    return True
+                sql, params = _pending[0]
+            if not _execute(_flusher_conn, sql, params):
+                return False
+            with _lock:
+                _pending.popleft()  # still the event just written: only this flush pops
 
 
 def _flush_loop() -> None:

@@ -80,6 +80,16 @@ def fail_once(context: JobContext) -> None:
     raise ValueError("no retries for this one")
 
 
+@task(name="qa.fails_first", takes_context=True, max_attempts=2, backoff=Backoff(base=0, jitter=0))
+def fails_first(context: JobContext) -> int:
+    """Fail attempt 1, return the attempt number on attempt 2. The retry is due at once (backoff
+    0), so a ``--burst`` worker runs it before it finds nothing left."""
+    _record(context, "fails_first")
+    if context.attempt == 1:
+        raise ConnectionError("the first attempt fails")
+    return context.attempt
+
+
 @task(name="qa.crash", takes_context=True, max_attempts=3)
 def crash(context: JobContext) -> None:
     """Kill the worker process running it, every time (case C02)."""

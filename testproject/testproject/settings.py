@@ -5,6 +5,8 @@ PGUSER (postgres), PGPASSWORD (empty). PGHOST and PGPORT may be libpq's comma-se
 primary and its standbys ("127.0.0.1,127.0.0.1", "5432,5433"), with
 LEASEQUEUE_DB_TARGET_SESSION_ATTRS=read-write so that only the server accepting writes is used.
 TESTPROJECT_TRANSACTION_POOLING=1 when PGHOST/PGPORT is a PgBouncer in transaction mode.
+TESTPROJECT_TRACE_FILE=<path>: every process installs OpenTelemetry's SDK tracer provider, whose
+spans go to that file as JSON lines (qa.otel; the otel extra and opentelemetry-sdk needed).
 """
 
 import json
@@ -109,7 +111,9 @@ LEASEQUEUE = {
     # Framework (@django.tasks.task) tasks live outside tasks.py; workers import this module too.
     # LEASEQUEUE_EXTRA_TASKS=1 gives a worker qa.deploy_tasks too: the newer worker of a rolling
     # deploy, side by side with one that does not know those tasks.
-    "IMPORTS": ["invoices.framework_tasks", *(["qa.deploy_tasks"] if os.environ.get("LEASEQUEUE_EXTRA_TASKS") else [])],
+    # TESTPROJECT_TRACE_FILE (the process test of traces, qa.otel) gives it qa.traced_tasks.
+    "IMPORTS": ["invoices.framework_tasks", *(["qa.deploy_tasks"] if os.environ.get("LEASEQUEUE_EXTRA_TASKS") else []),
+                *(["qa.traced_tasks"] if os.environ.get("TESTPROJECT_TRACE_FILE") else [])],
     # Seconds before a job of a task no live worker knows is dead-lettered (0 in the tests of that).
     "UNKNOWN_TASK_GRACE": float(os.environ.get("LEASEQUEUE_UNKNOWN_TASK_GRACE", "300")),
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).
@@ -162,6 +166,9 @@ if os.environ.get("LEASEQUEUE_MAX_INTERRUPTIONS"):
     LEASEQUEUE["MAX_INTERRUPTIONS"] = int(os.environ["LEASEQUEUE_MAX_INTERRUPTIONS"])
 if os.environ.get("LEASEQUEUE_EXECUTION"):
     LEASEQUEUE["EXECUTION"] = os.environ["LEASEQUEUE_EXECUTION"]
+# The failover test of ASYNC_COMPLETIONS: completion batches committed with synchronous_commit off.
+if os.environ.get("LEASEQUEUE_ASYNC_COMPLETIONS"):
+    LEASEQUEUE["ASYNC_COMPLETIONS"] = os.environ["LEASEQUEUE_ASYNC_COMPLETIONS"] == "1"
 
 LOGGING = {
     "version": 1,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -59,3 +61,26 @@ def frozen(monkeypatch):
     snapshot = health.snapshot
     monkeypatch.setattr(health, "snapshot", lambda **kw: snapshot(**{"now": at, **kw}))
     return at
+
+
+class FrozenNow:
+    """The database clock as the admin's pages read it (``store.db_now()``), held at one instant
+    until :meth:`advance` moves it: a page's relative times ("in 4 min", "5 min" of wait) then do
+    not depend on how long the request took on a loaded machine."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+
+    def __call__(self, alias: str | None = None) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def frozen_now(monkeypatch) -> FrozenNow:
+    """``store.db_now()`` held at the database's current instant (see :class:`FrozenNow`)."""
+    clock = FrozenNow(store.db_now())
+    monkeypatch.setattr(store, "db_now", clock)
+    return clock

@@ -41,9 +41,9 @@ def history_rows(html: str) -> list[list[str]]:
             for row in re.findall(r"<tr class='lq-occurrence[^']*'>(.*?)</tr>", table, re.S)]
 
 
-def test_occurrences_newest_first_with_state_attempts_run_time_and_wait(admin_client):
+def test_occurrences_newest_first_with_state_attempts_run_time_and_wait(admin_client, frozen_now):
     s = schedule()
-    now = store.db_now()
+    now = frozen_now.at
     t1, t2, t3 = (now - timedelta(minutes=m) for m in (15, 10, 5))
     done = make_job("done", schedule=s, occurrence_at=t1, run_at=t1, started_at=t1 + timedelta(seconds=3),
                     attempted_at=t1 + timedelta(seconds=3), finished_at=t1 + timedelta(seconds=45), attempts=1)
@@ -96,14 +96,13 @@ def test_at_most_HISTORY_SHOWN_occurrences_in_one_statement(django_assert_num_qu
     assert rows[0].at == now and rows[-1].at == now - timedelta(minutes=5 * (HISTORY_SHOWN - 1))
 
 
-def test_next_run_in_the_zone_and_relative_by_the_database_clock(admin_client, db_clock):
+def test_next_run_in_the_zone_and_relative_by_the_database_clock(admin_client, frozen_now):
     s = schedule()
-    # 0.3 s past the whole minute, so the words hold while the request takes under 0.8 s.
-    next_at = store.db_now() + timedelta(minutes=4, seconds=0.3)
+    next_at = frozen_now.at + timedelta(minutes=4, seconds=0.3)
     Schedule.objects.filter(pk=s.pk).update(next_occurrence_at=next_at)
     local = next_at.astimezone(BERLIN).strftime("%Y-%m-%d %H:%M:%S %Z")
     assert f'{local} <span class="lq-meta">(in 4 min)</span>' in page(admin_client, s)
-    db_clock.advance(600.6)
+    frozen_now.advance(600.6)
     assert f'{local} <span class="lq-meta">(6 min ago)</span>' in page(admin_client, s)
 
 

@@ -18,24 +18,17 @@ The project imports django_leasequeue from this checkout (PYTHONPATH), not from 
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from .fresh_project import ROOT, Project, fenced_blocks, normalise
+
 PAGE = ROOT / "docs" / "tutorials" / "tutorial.md"
 
 pytestmark = [pytest.mark.process]
 
-FENCE = re.compile(r"^```(\w*)(?:\s+title=\"([^\"]+)\")?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # Lines of the page's sh blocks that describe the reader's machine, done here by the test itself.
 SETUP = ("mkdir shop-tutorial", "python3 -m venv", ". .venv/bin/activate", "pip install /path/to/django-leasequeue",
          "createdb ")
@@ -43,81 +36,12 @@ SETUP = ("mkdir shop-tutorial", "python3 -m venv", ". .venv/bin/activate", "pip 
 
 def blocks() -> list[tuple[str, str | None, str]]:
     """(language, title, body) of every fenced block of the page, in order."""
-    return [(m.group(1), m.group(2), m.group(3)) for m in FENCE.finditer(PAGE.read_text())]
-
-
-def normalise(text: str) -> list[str]:
-    """Log and output lines without what differs per run: times, worker ids, occurrence instants."""
-    lines = []
-    for line in text.strip().splitlines():
-        line = re.sub(r"^\d\d:\d\d:\d\d ", "", line)
-        line = re.sub(r"worker \S+:\d+:\w+", "worker <id>", line)
-        line = re.sub(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\+00:00", "<instant>", line)
-        lines.append(line.rstrip())
-    return lines
-
-
-class Project:
-    def __init__(self, path: Path, database: str) -> None:
-        self.path = path
-        self.database = database
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("LEASEQUEUE_", "DJANGO_"))}
-        self.env["PYTHONPATH"] = str(ROOT)
-
-    def manage(self, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=self.path, env=self.env, text=True,
-                              capture_output=True, timeout=timeout)
-        assert done.returncode == 0, f"manage.py {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    def query(self, sql: str) -> list[tuple]:
-        with psycopg.connect(dbname=self.database, **_server()) as conn:
-            return conn.execute(sql).fetchall()
-
-    def run_worker(self, args: list[str], until, what: str) -> str:
-        proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=self.path, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 90
-            while not until():
-                assert proc.poll() is None, f"the worker exited early:\n{proc.communicate()[0]}"
-                assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGINT)  # Ctrl+C
-            output, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        assert proc.returncode == 0, output
-        return output
-
-
-def _server() -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    return {"host": db["HOST"] or "127.0.0.1", "port": str(db["PORT"] or 5432), "user": db["USER"] or "postgres",
-            "password": db["PASSWORD"] or ""}
+    return fenced_blocks(PAGE.read_text())
 
 
 @pytest.fixture
-def project(tmp_path):
-    # A throwaway database named as a test database (never the project's own).
-    database = f"test_{settings.DATABASES['default']['NAME'].removeprefix('test_')}_tutorial"
-    with psycopg.connect(dbname="postgres", autocommit=True, **_server()) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{database}"')
-    path = tmp_path / "shop-tutorial"
-    path.mkdir()
-    yield Project(path, database)
-    with psycopg.connect(dbname="postgres", autocommit=True, **_server()) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-
-
-def settings_override(project: Project) -> str:
-    """Point the page's DATABASES at this test's database (the page says NAME "mysite")."""
-    server = _server()
-    return (f'\nDATABASES["default"].update(NAME={project.database!r}, HOST={server["host"]!r}, '
-            f'PORT={server["port"]!r}, USER={server["user"]!r}, PASSWORD={server["password"]!r})\n')
+def project(fresh_project) -> Project:
+    return fresh_project("shop-tutorial", "tutorial")
 
 
 def jobs_finished(project: Project) -> bool:
@@ -150,7 +74,8 @@ def test_the_tutorial_works_as_written(project):
         if title == "mysite/settings.py":
             with open(project.path / title, "a") as f:
                 f.write("\n" + body)
-                f.write(settings_override(project))
+                if "DATABASES = " in body:  # the page's database, renamed to this test's
+                    f.write(project.settings_override("mysite"))
         elif title == "python manage.py shell":
             pending_output = ("shell", project.manage("shell", "-v", "0", "-c", body))
         elif title is not None:

@@ -244,3 +244,32 @@ def test_an_explicit_flag_replaces_its_default_and_keeps_the_other(now):
     # --min-workers 2: (warn below 2) replaces "critical below 1": one live worker warns.
     run = queuehealth("--min-workers", "2:", "--max-oldest-age", "600", defaults=True)
     assert run.code == 1 and "1 alive worker(s)" in run.output.splitlines()[0]
+
+
+@pytest.mark.process
+def test_after_a_burst_run_the_default_worker_check_says_why_it_is_critical_and_what_to_pass(spawn):
+    """A burst worker exits once the queue is empty, so the default "no live worker is CRITICAL"
+    fires right after it, as it should; the message says so and names ``--min-workers 0``, which
+    keeps the age check."""
+    from django_leasequeue.management.commands.queuehealth import NO_LIVE_WORKER_HINT
+
+    done = flaky_sync.enqueue("burst", failures=0)
+    worker = spawn("runworker", "--burst", env={"LEASEQUEUE_POLL_INTERVAL": "0.2"})
+    assert worker.wait(60) == 0, worker.output()
+    assert Job.objects.get(pk=done.id).status == "done"
+    assert "--min-workers 0" in NO_LIVE_WORKER_HINT
+    run = queuehealth(defaults=True)
+    assert run.code == 2
+    assert run.output.splitlines()[0].startswith(
+        f"QUEUEHEALTH CRITICAL - 0 alive worker(s) serve any queue; {NO_LIVE_WORKER_HINT} (crit < 1) | ")
+    assert f"CRITICAL  workers[*]: 0 alive worker(s) serve any queue; {NO_LIVE_WORKER_HINT} [crit < 1]" in run.output
+    # The flag the message names: no worker check, the default age check stays.
+    burst_only = queuehealth("--min-workers", "0", "--json", defaults=True)
+    assert burst_only.code == 0, burst_only.output
+    assert [(c["check"], c["level"]) for c in burst_only.json["checks"]] == [("oldest_ready_age", "OK"),
+                                                                               ("workers", "OK")]
+    make_job(run_at=ago(store.db_now(), 400))
+    assert queuehealth("--min-workers", "0", defaults=True).code == 1  # a job waiting 400 s still warns
+    # An explicit --min-workers is the operator's choice: its message adds no advice.
+    explicit = queuehealth("--min-workers", "1", defaults=True)
+    assert explicit.code == 2 and NO_LIVE_WORKER_HINT not in explicit.output

@@ -1,7 +1,7 @@
 """Store statements in one transaction, with an explicit ``now=``: claim order and limits, the
 fencing token on every worker write, reaping, release."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,6 +10,8 @@ from django_leasequeue.models import Job, QueueState
 from tests.support import claim
 
 pytestmark = pytest.mark.django_db
+
+MICRO = timedelta(microseconds=1)
 
 
 @pytest.fixture
@@ -152,3 +154,26 @@ def test_prune_keeps_dead_and_recent(now):
     store.job_fail(dead.id, 1, {"type": "E"}, retry_delay=None, now=now - timedelta(days=30))
     assert store.job_prune(older_than=7 * 86400, now=now) == 1
     assert set(Job.objects.values_list("id", flat=True)) == {recent_done.id, dead.id}
+
+
+def test_release_lost_claims_takes_only_the_workers_rows_leased_after_the_clock(now):
+    """``job_release_lost_claims``: the rows a worker's claims leased after ``since_us`` (a claim
+    whose reply it lost) go back as a release of unstarted jobs; its rows leased at or before it (the
+    jobs it holds: its claims' results carried that clock) and other workers' rows stay leased."""
+    held, lost, other = enqueue("qa.record"), enqueue("qa.record"), enqueue("qa.record")
+    first = store.job_claim(queues=None, limit=1, worker_id="host:1:w", lease=30, now=now)
+    assert [c.id for c in first] == [held.id]
+    assert first.clock_us == store.claim_clock_us(now=now) == (now - datetime(1970, 1, 1, tzinfo=UTC)) // MICRO
+    later = now + timedelta(microseconds=1)
+    assert [c.id for c in claim(later, limit=1, worker_id="host:1:w")] == [lost.id]
+    assert [c.id for c in claim(later, limit=1, worker_id="host:2:w")] == [other.id]
+    none_left = store.job_claim(queues=None, limit=1, worker_id="host:1:w", lease=30, now=later)
+    assert none_left.clock_us is None
+    released = store.job_release_lost_claims("host:1:w", since_us=first.clock_us, reason="claim reply lost",
+                                             now=later)
+    assert released == {lost.id}
+    rows = {j.id: (j.status, j.attempts, j.lease_version, j.started_at) for j in Job.objects.all()}
+    assert rows == {held.id: ("leased", 1, 1, now), lost.id: ("ready", 0, 2, None), other.id: ("leased", 1, 1, later)}
+    history = Job.objects.get(pk=lost.id).history
+    assert [e["reason"] for e in history if e["event"] == "released"] == ["claim reply lost"]
+    assert store.job_release_lost_claims("host:1:w", since_us=first.clock_us, now=later) == set()

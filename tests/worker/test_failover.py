@@ -1,16 +1,17 @@
 """Chaos: failover to a streaming standby while a producer enqueues and workers drain the queue.
 
 A throwaway primary and a standby made from it by ``pg_basebackup -R`` (``tests/support/chaos/
-cluster.py``, free local ports; never the shared server). Every process (the producer, the
-workers, the reaper, this test) connects with libpq's multi-host list, primary first, and
+cluster.py``, free local ports; never the shared server). The primary of each test is a copy of one
+template cluster, migrated once for the module. Every process (the producer, the workers, the
+reaper, this test) connects with libpq's multi-host list, primary first, and
 ``target_session_attrs=read-write``. Mid-run the standby is promoted (``pg_ctl promote``) and the
-old primary stopped (``pg_ctl stop -m immediate``); nobody is told: each process's next connection
-skips the dead primary and lands on the new one.
+old primary stopped (``pg_ctl stop -m immediate``), in either order; nobody is told: each process's
+next connection skips the dead primary and lands on the new one.
 
 The books are kept outside the database, because the database is what may lose them:
 
-* the producer (``manage.py qa_produce``) appends ``<key> <id>`` to a file, fsynced, once an
-  enqueue has committed and returned: the *acknowledged* jobs;
+* the producer (``manage.py qa_produce``) appends ``<key> <id> <time>`` to a file, fsynced, once
+  an enqueue has committed and returned: the *acknowledged* jobs;
 * every handler appends its start and its return (or raise) to another file, fsynced
   (``qa.failover_tasks``): the *executions*, in the order they happened.
 
@@ -23,6 +24,13 @@ fenced commit) has been flushed by the standby, so none is lost: 0 lost, 0 re-ru
 asynchronous replication whatever the standby had not received is gone; the test measures it
 and holds only what must hold whatever was lost: every job on the new primary runs to done, each
 done job's handler returned at least once, and each fenced job has one effect.
+
+``ASYNC_COMPLETIONS`` commits the worker's completion batches with ``synchronous_commit = off``:
+such a commit waits neither for the local WAL flush nor for the synchronous standby. A completion
+the old primary acknowledged that had not reached the standby is lost with it, whatever the
+replication mode: the new primary holds that job ``leased`` under the token of the returned attempt,
+the reaper takes it back when its lease expires, and it runs again. Enqueues, claims and fenced
+commits stay synchronous: none is lost.
 """
 
 from __future__ import annotations
@@ -48,12 +56,15 @@ from qa.models import Effect
 from django_leasequeue.models import Job
 from tests.conftest import MANAGE, ROOT
 from tests.support import wait_for
-from tests.support.chaos.cluster import Pair, throwaway_pair, unavailable
+from tests.support.chaos.cluster import Cluster, Pair, throwaway_pair, throwaway_template, unavailable
 from tests.support.chaos.harness import FINISHED, Fleet, db_now, remaining, scaled
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
 
 JOBS = scaled(300)
+# The cases added later (the stop before the promote, ASYNC_COMPLETIONS) run half the workload:
+# what they measure happens in the second around the failover, and the slow legs of CI are long.
+JOBS_SMALL = scaled(150)
 DBNAME = "test_lq_chaos_failover"  # a test database: tests may connect to nothing else
 PREFIX = "fo"
 RESULTS = ROOT / "build" / "failover.json"
@@ -75,19 +86,30 @@ def default_connection_on(pair: Pair, dbname: str) -> Iterator[None]:
         connection.settings_dict = saved
 
 
-@contextmanager
-def migrated_pair(*, synchronous: bool) -> Iterator[Pair]:
-    """A primary with the project's database ``DBNAME`` migrated and a standby streaming from it
-    (synchronous or not), this test's connection on them; skips where no cluster can be made."""
+def _migrate(cluster: Cluster) -> None:
+    cluster.createdb(DBNAME)
+    migrate = subprocess.run([sys.executable, str(MANAGE), "migrate", "-v", "0"], cwd=str(ROOT),
+                             env={**os.environ, **cluster.env(DBNAME)}, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+
+
+@pytest.fixture(scope="module")
+def template() -> Iterator[Path]:
+    """The data directory of a stopped cluster holding ``DBNAME`` migrated: each test's primary
+    starts as a copy of it (a second or so, where an ``initdb`` and a migration take several);
+    skips where no cluster can be made."""
     reason = unavailable()
     if reason:
         pytest.skip(f"no throwaway PostgreSQL cluster: {reason}")
-    with throwaway_pair(synchronous=synchronous) as pair:
-        pair.primary.createdb(DBNAME)
-        migrate = subprocess.run([sys.executable, str(MANAGE), "migrate", "-v", "0"], cwd=str(ROOT),
-                                 env={**os.environ, **pair.primary.env(DBNAME)}, capture_output=True, text=True,
-                                 timeout=300)
-        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+    with throwaway_template(_migrate) as data:
+        yield data
+
+
+@contextmanager
+def migrated_pair(template: Path, *, synchronous: bool) -> Iterator[Pair]:
+    """A primary copied from ``template`` (``DBNAME`` migrated) and a standby streaming from it
+    (synchronous or not), this test's connection on them."""
+    with throwaway_pair(synchronous=synchronous, template=template) as pair:
         pair.attach_standby()
         with default_connection_on(pair, DBNAME):
             yield pair
@@ -100,7 +122,7 @@ class FailoverBooks:
     acknowledged: int  # enqueues the producer saw commit
     present: int  # of those, jobs on the new primary
     lost: int  # acknowledged, absent from the new primary
-    lost_before_promote: int  # of those, acknowledged before the promote began (replication lag)
+    lost_before_failover: int  # of those, acknowledged before the failover (promote or stop) began
     done: int  # present jobs done
     executions: int  # handler starts on file
     returned: int  # handler returns on file
@@ -108,6 +130,9 @@ class FailoverBooks:
     reruns: int  # starts of a job after a return of it was on file
     rerun_jobs: int
     reruns_by_task: dict[str, int]  # the same by completion path (qa.failover_plain / _fenced)
+    rerun_jobs_lease_expired: int  # re-run jobs whose row holds a LeaseExpired error: the new primary
+    # had them leased (the completion the old primary acknowledged never reached it) until the reaper
+    # took them back
     run_more_than_once: int  # jobs with more than one start (the retries of raised attempts included)
     done_without_start: int  # done jobs whose handler never started on file (must be 0)
     plain_done_without_return: int  # done plain jobs whose handler never returned on file (must be 0)
@@ -117,18 +142,27 @@ class FailoverBooks:
     effects: int  # Effect rows of the done fenced jobs
     fenced_with_one_effect: int  # done fenced jobs with exactly one Effect, under their final token
     lease_expiries: int  # LeaseExpired attempts of present jobs (leases the reaper took back)
+    sync_gap_s: float | None  # from the last enqueue acknowledged before the stop to the stop's issue
+    plain_returns_in_sync_gap: int  # plain handler returns on file from that enqueue to the stop's
+    # return: the completions an ASYNC_COMPLETIONS commit could lose (see SYNC_GAP)
+    sync_gap_completed_before_stop: int  # of those jobs, done by a completion the old primary
+    # committed before the stop was issued (and shipped by a later flush)
+    sync_gap_completed_after_stop: int  # of those jobs, done by a completion committed after the
+    # stop returned: on the new primary (the worker kept it and wrote it there)
     recovery_s: float | None  # from the old primary's stop to the first job completed on the new primary
-    stall_s: float | None  # from the last completion before the promote to the first one after the stop
+    stop_s: float  # how long pg_ctl stop took to return
+    stall_s: float | None  # from the last completion before the failover began to the first one after the stop
     first_return_after_stop_s: float | None  # from the stop to the first handler return on file
     lost_keys: list[str]
     rerun_examples: list[str]
 
 
-def read_acknowledged(path: Path) -> dict[str, int]:
-    """``{key: id}`` of the producer's file, in the order acknowledged."""
+def read_acknowledged(path: Path) -> dict[str, tuple[int, float]]:
+    """``{key: (id, POSIX time acknowledged)}`` of the producer's file, in the order acknowledged."""
     if not path.exists():
         return {}
-    return {key: int(job_id) for key, job_id in (line.split() for line in path.read_text().splitlines())}
+    lines = (line.split() for line in path.read_text().splitlines())
+    return {key: (int(job_id), float(at)) for key, job_id, at in lines}
 
 
 def task_of(key: str) -> str:
@@ -141,13 +175,25 @@ def read_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promoting_at: float,
-             stopped_at: float) -> FailoverBooks:
-    """Read the ledger (see the module docstring). ``before_promote``: jobs acknowledged when the
-    promote began, at POSIX time ``promoting_at``; ``stopped_at``: when the old primary was stopped
-    (the same host clock the database and the handlers read)."""
+# SYNC_GAP. A completion committed with synchronous_commit off is shipped to the standby at the next
+# WAL flush: the next synchronous commit of any session (WAL is one sequence: a commit the
+# synchronous standby has flushed carries every record before it), or the WAL writer's, within
+# wal_writer_delay (200 ms here, PostgreSQL's default). The producer's acknowledged enqueues are
+# synchronous commits with a time on file: a completion acknowledged before the last of them
+# that came before the stop was on the standby; what the stop can take is a completion whose
+# handler returned in the gap between that enqueue and the stop (claims, heartbeats and fenced
+# commits of the workers may close the gap sooner: the count is an upper bound).
+
+def books_of(acked_file: Path, events_file: Path, *, before_failover: int, began_at: float,
+             stopping_at: float, stopped_at: float) -> FailoverBooks:
+    """Read the ledger (see the module docstring). ``before_failover``: jobs acknowledged when the
+    failover (the promote or the stop, whichever came first) began, at POSIX time ``began_at``;
+    ``stopping_at``: when ``pg_ctl stop -m immediate`` was issued (the server is killed within
+    milliseconds), ``stopped_at``: when it returned (it polls every 0.1 s), on the same host clock
+    the database and the handlers read. Recovery counts from the stop's issue to the first
+    completion after its return (surely on the new primary): an upper bound."""
     acked = read_acknowledged(acked_file)
-    early = set(list(acked)[:before_promote])
+    early = set(list(acked)[:before_failover])
     rows = {r["unique_key"]: r for r in Job.objects.filter(unique_key__startswith=f"{PREFIX}-").values(
         "id", "unique_key", "task", "status", "lease_version", "finished_at", "errors")}
     lost = sorted(set(acked) - set(rows))
@@ -173,17 +219,22 @@ def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promot
     effects_of: dict[int, list[int]] = {}
     for job_id, token in Effect.objects.filter(job_id__in=fenced_done).values_list("job_id", "lease_version"):
         effects_of.setdefault(job_id, []).append(token)
-    stop = datetime.fromtimestamp(stopped_at, UTC)
+    stop, stopping = datetime.fromtimestamp(stopped_at, UTC), datetime.fromtimestamp(stopping_at, UTC)
     first = min((r["finished_at"] for r in done if r["finished_at"] > stop), default=None)
-    promoting = datetime.fromtimestamp(promoting_at, UTC)
-    last = max((r["finished_at"] for r in done if r["finished_at"] < promoting), default=None)
+    began = datetime.fromtimestamp(began_at, UTC)
+    last_ack = max((at for _, at in acked.values() if at < stopping_at), default=None)
+    in_gap = [e["key"] for e in events if e["event"] == "returned" and task_of(e["key"]) == TASKS[0]
+              and last_ack is not None and last_ack <= e["at"] <= stopped_at]
+    last = max((r["finished_at"] for r in done if r["finished_at"] < began), default=None)
     first_return = min((e["at"] for e in events if e["event"] == "returned" and e["at"] > stopped_at), default=None)
     return FailoverBooks(
         acknowledged=len(acked), present=len(set(acked) & set(rows)), lost=len(lost),
-        lost_before_promote=len(early.intersection(lost)), done=len(done), executions=sum(starts.values()),
+        lost_before_failover=len(early.intersection(lost)), done=len(done), executions=sum(starts.values()),
         returned=sum(1 for e in events if e["event"] == "returned"),
         raised=sum(1 for e in events if e["event"] == "raised"), reruns=sum(reruns.values()), rerun_jobs=len(reruns),
         reruns_by_task=dict(Counter(task_of(k) for k in reruns.elements())),
+        rerun_jobs_lease_expired=sum(1 for k in reruns if k in rows
+                                     and any(e.get("type") == "LeaseExpired" for e in rows[k]["errors"])),
         run_more_than_once=sum(1 for n in starts.values() if n > 1),
         done_without_start=sum(1 for r in done if r["unique_key"] not in started_keys),
         plain_done_without_return=sum(1 for r in done if r["task"] == "qa.failover_plain"
@@ -193,10 +244,16 @@ def books_of(acked_file: Path, events_file: Path, *, before_promote: int, promot
         fenced_done=len(fenced_done), effects=sum(len(t) for t in effects_of.values()),
         fenced_with_one_effect=sum(1 for job_id in fenced_done if effects_of.get(job_id) == [tokens[job_id]]),
         lease_expiries=sum(1 for r in rows.values() for e in r["errors"] if e.get("type") == "LeaseExpired"),
-        recovery_s=round((first - stop).total_seconds(), 2) if first else None,
+        sync_gap_s=None if last_ack is None else round(stopping_at - last_ack, 3),
+        plain_returns_in_sync_gap=len(in_gap),
+        sync_gap_completed_before_stop=sum(1 for k in in_gap if k in rows and rows[k]["status"] == "done"
+                                           and rows[k]["finished_at"] < stopping),
+        sync_gap_completed_after_stop=sum(1 for k in in_gap if k in rows and rows[k]["status"] == "done"
+                                          and rows[k]["finished_at"] > stop),
+        recovery_s=round((first - stopping).total_seconds(), 2) if first else None,
         stall_s=round((first - last).total_seconds(), 2) if first and last else None,
-        first_return_after_stop_s=None if first_return is None else round(first_return - stopped_at, 2),
-        lost_keys=lost[:20], rerun_examples=examples)
+        first_return_after_stop_s=None if first_return is None else round(first_return - stopping_at, 2),
+        stop_s=round(stopped_at - stopping_at, 2), lost_keys=lost[:20], rerun_examples=examples)
 
 
 def save(key: str, books: FailoverBooks, **extra: object) -> None:
@@ -219,31 +276,45 @@ def _try_db_now() -> datetime | None:
         return None
 
 
-def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, window: float = 0.0) -> FailoverBooks:
-    """Producer, reaper and two workers on the pair; the failover once a third of the jobs are
-    acknowledged and some are done, the old primary stopped ``window`` seconds after the standby is
-    promoted; wait until the producer is through and nothing is left to run. Returns the books
-    (and saves them under ``key``)."""
+def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, jobs: int = JOBS, stop_first: bool = False,
+                 window: float = 0.0, worker_env: dict[str, str] | None = None) -> FailoverBooks:
+    """Producer, reaper and two workers on the pair; the failover once a third of the ``jobs`` are
+    acknowledged and a sixth are done: the standby promoted, then the old primary stopped ``window``
+    seconds later, or with ``stop_first`` the old primary stopped, then the standby promoted; wait
+    until the producer is through and nothing is left to run. ``worker_env``: settings of the
+    workers (``LEASEQUEUE_ASYNC_COMPLETIONS``). Returns the books (and saves them under ``key``)."""
     acked_file, events_file = tmp_path / "acknowledged.txt", tmp_path / "executions.jsonl"
     env = {**pair.env(DBNAME), "QA_EXECUTIONS_FILE": str(events_file)}
-    fleet = Fleet(spawn, env=env)
+    fleet = Fleet(spawn, env={**env, **(worker_env or {})})
     fleet.start_reaper()
     members = [fleet.start() for _ in range(2)]
     fleet.wait_registered()
-    producer = spawn("qa_produce", "--count", str(JOBS), "--out", str(acked_file), "--prefix", PREFIX,
+    producer = spawn("qa_produce", "--count", str(jobs), "--out", str(acked_file), "--prefix", PREFIX,
                      "--interval", "0.02", "--seed", "18", env=env)
-    wait_for(lambda: len(read_acknowledged(acked_file)) >= JOBS // 3
-             and Job.objects.filter(status="done").count() >= JOBS // 6, timeout=60, interval=0.05,
+    wait_for(lambda: len(read_acknowledged(acked_file)) >= jobs // 3
+             and Job.objects.filter(status="done").count() >= jobs // 6, timeout=60, interval=0.05,
              what="a third of the jobs acknowledged and a sixth done")
     at_failover = len(read_acknowledged(acked_file))
-    promoting_at = time.time()
-    pair.standby.promote()
-    promoted_at = time.time()
-    # Until the stop, the old primary still takes sessions (it is first in everyone's host list) and,
-    # without its synchronous standby, hangs every commit; asynchronous, it commits what is lost.
-    time.sleep(window)
-    pair.primary.stop()
-    stopped_at = time.time()
+    began_at = time.time()
+    if stop_first:
+        # Nothing can commit anywhere from here until the promote is through: the old primary is
+        # gone and the standby is read-only, which target_session_attrs=read-write skips.
+        stopping_at = began_at
+        pair.primary.stop()
+        stopped_at = promoting_at = time.time()
+        pair.standby.promote()
+        promoted_at = time.time()
+    else:
+        promoting_at = began_at
+        pair.standby.promote()
+        promoted_at = time.time()
+        # Until the stop, the old primary still takes sessions (it is first in everyone's host list)
+        # and, without its synchronous standby, hangs every synchronous commit; asynchronous (or
+        # with synchronous_commit off), it commits what is lost.
+        time.sleep(window)
+        stopping_at = time.time()
+        pair.primary.stop()
+        stopped_at = time.time()
     connection.close()  # this test's session died with the old primary, like every other one
     wait_for(_try_db_now, timeout=30, interval=0.05, what="the new primary to accept connections")
     with connection.cursor() as cur:  # the host list led this session to the promoted standby
@@ -255,21 +326,27 @@ def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, window: float =
     # Each worker reconnected by itself: a few failed loop iterations with growing waits, not a loop.
     failures = {m.name: len(re.findall(r"iteration failed; retrying in", m.proc.output())) for m in members}
     exits = fleet.stop()
-    books = books_of(acked_file, events_file, before_promote=at_failover, promoting_at=promoting_at,
-                     stopped_at=stopped_at)
+    books = books_of(acked_file, events_file, before_failover=at_failover, began_at=began_at,
+                     stopping_at=stopping_at, stopped_at=stopped_at)
     statuses = dict(Counter(Job.objects.values_list("status", flat=True)))
-    save(key, books, synchronous=pair.synchronous, acknowledged_at_failover=at_failover,
-         promote_s=round(promoted_at - promoting_at, 2), promote_to_stop_s=round(stopped_at - promoted_at, 2),
+    save(key, books, synchronous=pair.synchronous, worker_env=worker_env or {},
+         order="stop, then promote" if stop_first else "promote, then stop", jobs=jobs,
+         acknowledged_at_failover=at_failover, promote_s=round(promoted_at - promoting_at, 2),
+         stop_after_promote_s=None if stop_first else round(stopping_at - promoted_at, 2),
          statuses=statuses, producer=producer.output().splitlines()[-1:], worker_failed_iterations=failures)
-    print(f"{key}: {books}; {at_failover} acknowledged at the failover; statuses {statuses}")
+    print(f"{key}: {books}; {at_failover} acknowledged at the failover; promote {promoted_at - promoting_at:.2f} s; "
+          f"statuses {statuses}; failed iterations {failures}")
     assert len(alive) == 2, [m.proc.output() for m in members if not m.running]
+    # The banner says whether the workers commit their completions asynchronously.
+    async_completions = (worker_env or {}).get("LEASEQUEUE_ASYNC_COMPLETIONS") == "1"
+    assert [("(ASYNC_COMPLETIONS)" in m.proc.output()) for m in members] == [async_completions] * 2
     assert all(n < 40 for n in failures.values()), failures
     assert all(code == 0 for code, _ in exits.values()), exits
     # What must hold whatever the standby lacked: the producer went on to the end, every job on the
     # new primary ran to done, each done job's handler ran (at-least-once), each done plain job's
     # handler returned (its completion is written only then), and each done fenced job has exactly
     # one effect, under the token its completion was committed with.
-    assert books.acknowledged == JOBS, books
+    assert books.acknowledged == jobs, books
     assert set(statuses) <= set(FINISHED) and statuses.get("done", 0) == books.done == books.present, statuses
     assert books.done_without_start == 0, books
     assert books.plain_done_without_return == 0, books
@@ -279,22 +356,59 @@ def run_failover(spawn, pair: Pair, tmp_path: Path, key: str, *, window: float =
 
 
 @pytest.mark.parametrize("window", [0.0, 3.0], ids=["stop-at-once", "stop-after-the-lease"])
-def test_failover_to_a_synchronous_standby_loses_nothing_and_reruns_nothing(spawn, tmp_path, window):
+def test_failover_to_a_synchronous_standby_loses_nothing_and_reruns_nothing(spawn, template, tmp_path, window):
     """Every commit acknowledged by the old primary was flushed by the standby first: 0 lost, 0
     re-runs of returned jobs, on both completion paths. ``stop-after-the-lease``: the old primary
     hangs every commit for 3 s, past the 2 s lease, before it is stopped; the reaper on the new
     primary reads the silence as an outage and leaves the expired leases to their holders."""
-    with migrated_pair(synchronous=True) as pair:
+    with migrated_pair(template, synchronous=True) as pair:
         books = run_failover(spawn, pair, tmp_path, f"synchronous_{window:g}s", window=window)
     assert books.lost == 0, books.lost_keys
     assert books.present == JOBS, books
     assert books.reruns == 0, books.rerun_examples
 
 
-def test_failover_to_an_asynchronous_standby_runs_every_surviving_job(spawn, tmp_path):
+def test_stopping_the_old_primary_before_the_promote_loses_nothing_and_reruns_nothing(spawn, template, tmp_path):
+    """The order the deploy how-to recommends: the old primary stopped first, then the standby
+    promoted. Between the two nothing accepts writes (every process fails its statements and backs
+    off); afterwards the new primary holds every commit the old one acknowledged: 0 lost, 0
+    re-runs of returned jobs. The recovery time (the stop to the first completion on the new
+    primary) includes the promote."""
+    with migrated_pair(template, synchronous=True) as pair:
+        books = run_failover(spawn, pair, tmp_path, "synchronous_stop_first", jobs=JOBS_SMALL, stop_first=True)
+    assert books.lost == 0, books.lost_keys
+    assert books.present == JOBS_SMALL, books
+    assert books.reruns == 0, books.rerun_examples
+
+
+@pytest.mark.parametrize("stop_first", [True, False], ids=["stop-then-promote", "promote-then-stop"])
+def test_async_completions_lose_only_completions_in_a_failover_to_a_synchronous_standby(
+        spawn, template, tmp_path, stop_first):
+    """``ASYNC_COMPLETIONS`` under synchronous replication. Enqueues stay synchronous: 0 lost. A
+    completion batch committed with ``synchronous_commit = off`` that the standby had not received
+    is lost: those plain jobs run again after their lease expires (measured, not bounded). A fenced
+    completion commits in the handler's own, synchronous, transaction: no fenced job runs again.
+    ``stop-then-promote``: only what was not yet flushed at the stop is exposed (the next
+    synchronous commit or the WAL writer ships it); ``promote-then-stop``: every completion the old
+    primary commits after the standby stopped receiving."""
+    order = "stop_first" if stop_first else "promote_first"
+    with migrated_pair(template, synchronous=True) as pair:
+        books = run_failover(spawn, pair, tmp_path, f"synchronous_async_completions_{order}", jobs=JOBS_SMALL,
+                             stop_first=stop_first, worker_env={"LEASEQUEUE_ASYNC_COMPLETIONS": "1"})
+    assert books.lost == 0, books.lost_keys
+    assert books.present == JOBS_SMALL, books
+    assert books.reruns_by_task.get("qa.failover_fenced", 0) == 0, books.rerun_examples
+    # Each job that ran again after its handler had returned is one whose completion the new
+    # primary never had: its claim was synchronous, so the new primary held the job leased under
+    # the returned attempt's token until the reaper took it back. (With an asynchronous standby a
+    # lost claim can instead leave the job ready, and its token is issued again.)
+    assert books.rerun_jobs_lease_expired == books.rerun_jobs, books
+
+
+def test_failover_to_an_asynchronous_standby_runs_every_surviving_job(spawn, template, tmp_path):
     """What the standby had not received is lost with the old primary: enqueues (lost jobs) and
     completions (re-runs of returned jobs) are measured, not bounded; every job that survived runs
     to done."""
-    with migrated_pair(synchronous=False) as pair:
+    with migrated_pair(template, synchronous=False) as pair:
         books = run_failover(spawn, pair, tmp_path, "asynchronous")
     assert books.present + books.lost == JOBS, books

@@ -1,5 +1,6 @@
 """Graceful and hard stop of ``runworker`` (case C07)."""
 
+import re
 import signal
 import time
 
@@ -30,6 +31,9 @@ def test_c07_sigterm_finishes_short_job_releases_long_one_and_exits_0(spawn):
     assert w.wait(30) == 0, w.output()
     took = time.monotonic() - signalled
     assert 1.5 <= took < 10  # waited for the grace period, not for X's 15 s
+    # The worker's own books say the same: Y done, X released (not a failed attempt).
+    assert re.search(r"^worker \S+ stopped after [\d.]+ s: 2 claimed, 1 done, 0 retried, 0 dead-lettered, "
+                     r"0 lease lost, 1 released$", w.output(), re.MULTILINE), w.output()
 
     y = Job.objects.get(pk=y.id)
     assert (y.status, y.attempts, y.lease_version, y.errors) == ("done", 1, 1, [])

@@ -16,7 +16,10 @@ Examples::
 
 Without flags it checks the defaults: no live worker is CRITICAL, a ready job older than 300 s
 warns (:data:`DEFAULT_MIN_WORKERS`, :data:`DEFAULT_MAX_OLDEST_AGE`); an explicit
-``--min-workers`` or ``--max-oldest-age`` replaces its default.
+``--min-workers`` or ``--max-oldest-age`` replaces its default. A ``runworker --burst`` exits once
+the queue is empty, so right after one the default finds no live worker: its CRITICAL message says
+so, and that ``--min-workers 0`` checks a deployment that runs only burst workers (the other
+checks stay).
 
 The first line of the text output is the plugin status line (``QUEUEHEALTH CRITICAL - ... |
 perfdata``); a table of every queue, the processes and the workflows follows. Bad arguments and an unreachable
@@ -27,6 +30,7 @@ unrelated check fails.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -46,6 +50,11 @@ UNKNOWN = int(Level.UNKNOWN)
 #: are all gone or fall behind. An explicit flag replaces its default.
 DEFAULT_MIN_WORKERS = health.Threshold(critical=1.0, direction="min")
 DEFAULT_MAX_OLDEST_AGE = health.Threshold(warning=300.0, direction="max")
+
+#: Added to the message of the default worker check when no worker is alive: the usual cause on a
+#: new project is a ``runworker --burst`` that drained the queue and exited, as it should.
+NO_LIVE_WORKER_HINT = ("a runworker --burst exits once the queue is empty, so for a deployment of --burst workers "
+                       "only pass --min-workers 0, which keeps the other checks")
 
 
 def _threshold(direction: str, duration: bool) -> Callable[[str], health.Threshold]:
@@ -150,6 +159,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps({"status": "UNKNOWN", "exit_code": UNKNOWN, "summary": message})
                               if options["json"] else message)
             raise SystemExit(UNKNOWN)
+        results = [_explain_no_live_worker(r, checks) for r in results]
         if report is not None:
             results += health.lease_checks(report)
         level = health.overall(results)
@@ -237,6 +247,19 @@ class Command(BaseCommand):
                          t.fence_rejected, t.lost_while_healthy, _fmt(t.recommended_timeout, "s"),
                          _fmt(t.recommended_lease, "s"), ",".join(t.flags) or "-"] for t in report]
                 out(_table(header, rows))
+
+
+def _explain_no_live_worker(result: health.CheckResult, checks: health.Checks) -> health.CheckResult:
+    """``result`` with :data:`NO_LIVE_WORKER_HINT` added to its message when it is the default worker
+    check (no ``--min-workers`` given) and found no live worker; any other result unchanged.
+
+    Args:
+        result (health.CheckResult): one evaluated check. checks (health.Checks): the checks made.
+    """
+    if result.check != "workers" or result.value or checks.min_workers is not DEFAULT_MIN_WORKERS \
+            or result.level == Level.OK:
+        return result
+    return dataclasses.replace(result, message=f"{result.message}; {NO_LIVE_WORKER_HINT}")
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:

@@ -1,4 +1,9 @@
-"""``manage.py runworker``: claim and run jobs until SIGTERM (or, with ``--burst``, until idle)."""
+"""``manage.py runworker``: claim and run jobs until SIGTERM (or, with ``--burst``, until idle).
+
+It prints a banner at start (:func:`start_line`, :func:`tasks_line`) and, when it stops, one line
+of what the worker did (``WorkerService.summary()``): jobs claimed, done, retried, dead-lettered,
+lease lost, released, and the seconds it ran.
+"""
 
 from __future__ import annotations
 
@@ -94,12 +99,9 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"--metrics-port {port} on {options['metrics_addr']}: cannot serve metrics: {exc}")
             self.stdout.write(f"metrics: http://{options['metrics_addr']}:{port}/metrics")
-        self.stdout.write(
-            f"worker {worker.worker_id}: queues {','.join(queues) if queues else '*'}, "
-            f"{worker.concurrency} thread(s), lease {worker.lease:g} s, {worker.execution} execution"
-            f"{', burst' if worker.burst else ''}; SIGTERM or Ctrl-C stops gracefully."
-        )
-        self.stdout.write(_tasks_line())
+        self.stdout.write(start_line(worker.worker_id, queues, worker.concurrency, worker.lease, worker.execution,
+                                     worker.burst, async_completions=worker.settings.async_completions))
+        self.stdout.write(tasks_line(*_registered_tasks()))
         if not logging.getLogger("django_leasequeue.events").hasHandlers():
             self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
                               "for them, so configure LOGGING to see retries and dead letters.")
@@ -110,11 +112,33 @@ class Command(BaseCommand):
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
+        self.stdout.write(worker.summary())
+        self.stdout.flush()
         if code:
             raise SystemExit(code)
 
 
-def _tasks_line(shown: int = 4) -> str:
+def start_line(worker_id: str, queues: list[str] | None, concurrency: int, lease: float, execution: str,
+               burst: bool, *, async_completions: bool = False) -> str:
+    """The banner's first line: the worker's id and options, and how to stop it.
+
+    Args:
+        worker_id (str): ``host:pid:name``. queues (list[str] | None): the queues served (None: all).
+        concurrency (int): handler threads. lease (float): the default lease, seconds.
+        execution (str): ``thread`` or ``process``. burst (bool): ``--burst`` was given.
+        async_completions (bool): the ``ASYNC_COMPLETIONS`` setting is on: said at start, since a
+            crash of PostgreSQL or a failover can then lose the last completions.
+
+    Returns:
+        The line, without a newline.
+    """
+    return (f"worker {worker_id}: queues {','.join(queues) if queues else '*'}, {concurrency} thread(s), "
+            f"lease {lease:g} s, {execution} execution{', burst' if burst else ''}"
+            f"{', asynchronous completions (ASYNC_COMPLETIONS)' if async_completions else ''}; "
+            "SIGTERM or Ctrl-C stops gracefully.")
+
+
+def tasks_line(names: list[str], native: int, shown: int = 4) -> str:
     """The banner's line of the tasks this worker runs, so a newcomer sees at start whether it
     found theirs (a job naming an unregistered task is dead-lettered as UnknownTask, never imported).
 
@@ -123,18 +147,24 @@ def _tasks_line(shown: int = 4) -> str:
     sorted order, then how many more.
 
     Args:
+        names (list[str]): every registered task name, sorted. native (int): how many of them are
+            native ``@task`` tasks (the rest are the framework's).
         shown (int): names listed before the rest are only counted.
 
     Returns:
         The line, without a newline.
     """
+    if not names:
+        return ("0 task(s) registered: none (a worker runs the tasks of installed apps' tasks and jobs "
+                "modules and of LEASEQUEUE['IMPORTS'])")
+    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return f"{len(names)} task(s) registered ({native} native, {len(names) - native} django.tasks): {listed}"
+
+
+def _registered_tasks() -> tuple[list[str], int]:
+    """The task names this worker will run (sorted) and how many of them are native ``@task`` tasks."""
     from django_leasequeue import registry
 
     registry.autodiscover()  # the worker would at start; the banner must count what it will run
     names = registry.known_task_names()
-    native = len(set(names) & set(registry.registered_tasks()))
-    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-    if not names:
-        return ("0 task(s) registered: none (a worker runs the tasks of installed apps' tasks and jobs "
-                "modules and of LEASEQUEUE['IMPORTS'])")
-    return f"{len(names)} task(s) registered ({native} native, {len(names) - native} django.tasks): {listed}"
+    return names, len(set(names) & set(registry.registered_tasks()))

@@ -1,7 +1,9 @@
 """Throwaway PostgreSQL clusters for the restart and failover tests: ``initdb`` into a temporary
 directory, started on a free port of 127.0.0.1, restarted at will, removed at the end; for the
 failover test, a streaming standby of it made by ``pg_basebackup -R`` (:func:`throwaway_pair`),
-on a free port of its own, promoted at will.
+on a free port of its own, promoted at will. A prepared cluster (databases created and migrated)
+can be kept stopped as a template (:func:`throwaway_template`) and copied for each test, instead
+of an ``initdb`` and a migration per test.
 
 The shared server at 127.0.0.1:5432 is never touched (other people's test runs use it). The
 binaries are the newest ``/usr/lib/postgresql/<version>/bin``; :func:`find_bindir` returns None
@@ -18,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,20 @@ class Cluster:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync",
                   "--locale=C.UTF-8")
 
+    def init_from(self, template: Path) -> None:
+        """Make this cluster's data directory a copy of ``template``, the data directory of a
+        cluster shut down cleanly (:func:`throwaway_template`): its databases come with it.
+
+        Raises:
+            RuntimeError: the copy failed.
+        """
+        # cp -a keeps the owner (the postgres user, when we are root) and the 0700 mode the server
+        # insists on.
+        result = subprocess.run(["cp", "-a", str(template), str(self.data)], capture_output=True, text=True,
+                                timeout=120)
+        if result.returncode:
+            raise RuntimeError(f"copying the template {template} failed: {result.stderr}")
+
     @property
     def options(self) -> str:
         # fsync and full-page writes off: they protect against a crash of the machine, which these
@@ -96,6 +112,12 @@ class Cluster:
     def stop(self) -> None:
         """Immediate shutdown: every server process ends at once, as in a crash of the server."""
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "60", "stop")
+        self.running = False
+
+    def shut_down(self) -> None:
+        """Fast shutdown: sessions terminated, a checkpoint written; the data directory is then
+        clean, to be copied (:meth:`init_from`)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
         self.running = False
 
     def promote(self) -> None:
@@ -180,6 +202,19 @@ def throwaway_cluster() -> Iterator[Cluster]:
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
+@contextmanager
+def throwaway_template(prepare: Callable[[Cluster], None]) -> Iterator[Path]:
+    """A cluster started, handed to ``prepare`` (create and migrate its databases), shut down
+    cleanly; yields its data directory, for :func:`throwaway_pair` to copy; deleted at the end.
+
+    Call :func:`unavailable` first (the caller skips with its reason).
+    """
+    with throwaway_cluster() as cluster:
+        prepare(cluster)
+        cluster.shut_down()
+        yield cluster.data
+
+
 STANDBY_NAME = "standby1"  # the standby's application_name, which synchronous_standby_names names
 
 
@@ -235,9 +270,10 @@ class Pair:
 
 
 @contextmanager
-def throwaway_pair(*, synchronous: bool) -> Iterator[Pair]:
+def throwaway_pair(*, synchronous: bool, template: Path | None = None) -> Iterator[Pair]:
     """A started throwaway primary and an empty standby cluster beside it, in one temporary
-    directory; the caller creates its databases on the primary, then calls
+    directory; the caller creates its databases on the primary (or they come with ``template``, a
+    data directory from :func:`throwaway_template` the primary starts as a copy of), then calls
     :meth:`Pair.attach_standby`. Both are stopped and deleted at the end.
 
     Call :func:`unavailable` first (the caller skips with its reason).
@@ -252,7 +288,10 @@ def throwaway_pair(*, synchronous: bool) -> Iterator[Pair]:
     while pair.standby.port == pair.primary.port:  # neither listens yet, so free_port() may repeat
         pair.standby.port = free_port()
     try:
-        pair.primary.init()
+        if template is None:
+            pair.primary.init()
+        else:
+            pair.primary.init_from(template)
         pair.primary.start()
         yield pair
     finally:

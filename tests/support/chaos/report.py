@@ -53,8 +53,9 @@ CASES_END = "<!-- case-index:end -->"
 
 # Row order in the table: the fault classes of the reliability page, then the rest.
 ORDER = ["sigkill", "sigstop", "pg_terminate", "c27_outage", "outage_15s", "outage_45s", "pg_restart",
-         "pg_stop_start", "clock_skew", "hang", "hostile", "huge_result", "poison_rows", "timeout_key_limit",
-         "rolling_deploy", "wf_fanin_sigkill", "wf_chord_barrier", "wf_chain_pg_restart"]
+         "pg_stop_start", "pgbouncer_restart", "pgbouncer_reconnect_pause", "clock_skew", "hang", "hostile",
+         "huge_result", "poison_rows", "timeout_key_limit", "rolling_deploy", "wf_fanin_sigkill", "wf_chord_barrier",
+         "wf_chain_pg_restart"]
 RECORD_CALL = re.compile(r"""\brecord\(\s*["'](\w+)["']""")
 
 

@@ -147,7 +147,7 @@ class Command(BaseCommand):
              f"/{Job.objects.filter(task=poison.name).count()}"),
             ("deduplicated by unique key", attempted - jobs_in),
             ("done", done),
-            ("retried (attempts > 1)", retried),
+            ("jobs run more than once (attempts > 1; stop lines count retried attempts)", retried),
             ("  of which recovered from the killed worker (lease expired)", expired),
             ("dead-lettered", dead),
             ("cancelled", cancelled),

@@ -1,7 +1,8 @@
 """``manage.py qa_produce``: the failover test's producer. Enqueues ``--count`` jobs of the failover
 workload (``qa.failover_plain`` and ``qa.failover_fenced`` in turn), one transaction each, with the
-unique key ``<prefix>-<n>``, and appends ``<key> <job id>`` to ``--out`` (fsynced) once the enqueue
-has committed and returned: that file is the list of acknowledged jobs.
+unique key ``<prefix>-<n>``, and appends ``<key> <job id> <POSIX time>`` to ``--out`` (fsynced) once
+the enqueue has committed and returned: that file is the list of acknowledged jobs, and the time
+each synchronous commit was acknowledged.
 
 A failed enqueue (the server gone, a read-only standby, a commit whose outcome is unknown) closes
 the connection and is retried under the same key after a short backoff, so a commit that did land
@@ -28,7 +29,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--count", type=int, required=True, help="jobs to enqueue")
-        parser.add_argument("--out", required=True, help="file the acknowledged '<key> <id>' lines go to")
+        parser.add_argument("--out", required=True, help="file the acknowledged '<key> <id> <time>' lines go to")
         parser.add_argument("--prefix", default="fo", help="unique key prefix")
         parser.add_argument("--interval", type=float, default=0.02, help="seconds between enqueues")
         parser.add_argument("--seed", type=int, default=0, help="seed of the handlers' work times")
@@ -60,7 +61,7 @@ class Command(BaseCommand):
                             pass
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
-                os.write(fd, f"{key} {job.pk}\n".encode())
+                os.write(fd, f"{key} {job.pk} {time.time():.6f}\n".encode())
                 os.fsync(fd)
                 if interval:
                     time.sleep(interval)

@@ -1036,7 +1036,8 @@ def measure_prune(c: psycopg.Connection, size: int, workdir: str) -> dict:
     # The seeded finished rows finished 1 to ~17.6 hours ago, evenly: a retention of 17 hours makes
     # ~3.5 % of them due for deletion, the pruner's usual situation (most finished rows are younger).
     retention = 17 * 3600.0
-    plan, exec_ms = _plan(store.JOB_PRUNE, {"now": None, "age": retention, "limit": 1000})
+    plan, exec_ms = _plan(store.JOB_PRUNE, {"now": None, "age": retention, "limit": 1000,
+                                            "every": store.PRUNE_FULL_PASS_EVERY})
     prune_times, deleted = [], 0
     with transaction.atomic():
         for _ in range(5):

@@ -186,9 +186,12 @@ class Job(models.Model):
             ),
             # The reaper and heartbeat monitoring: the few leased rows. Not on leased_until (HOT).
             models.Index(fields=["id"], name="leasequeue_job_leased", condition=Q(status="leased")),
-            # Retention pruning, dead-letter lists and "done/dead in the last N minutes".
+            # Retention pruning, dead-letter lists and "done/dead in the last N minutes". The id
+            # makes every entry's position unique, so that the pruner can start each batch right
+            # after the row where the previous one stopped, even inside a run of rows finished at
+            # the same instant (store.JOB_PRUNE; migration 0017).
             models.Index(
-                fields=["status", "finished_at"], name="leasequeue_job_finished",
+                fields=["status", "finished_at", "id"], name="leasequeue_job_finished",
                 condition=Q(status__in=["done", "dead", "cancelled"]),
             ),
             models.Index(
@@ -637,7 +640,8 @@ class ReaperSweep(models.Model):
     reach the database (an outage or restart hits every worker at once), so for one lease period
     after it the reaper leaves expired leases to their holders, who renew or complete them
     (docs/explanation/leases.md). A scheduler's tick (``store.PROCESS_HEARTBEAT``) writes only
-    ``scheduler_tick_at``; when it creates the row, before any sweep, ``last_sweep_at`` is the
+    ``scheduler_tick_at``, and the retention pruner (``store.JOB_PRUNE_SAVE``) only its place, the
+    ``prune_*`` fields; when either creates the row, before any sweep, ``last_sweep_at`` is the
     epoch (``store.NEVER_SWEPT``), which means "never swept"."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
@@ -647,6 +651,15 @@ class ReaperSweep(models.Model):
     # the scheduler's process row, which is pruned once the scheduler stops, so monitoring can still
     # say how long ago the last tick was.
     scheduler_tick_at = models.DateTimeField(null=True, blank=True)
+    # The retention pruner's place (store.job_prune): its current pass over the finished rows began
+    # at prune_pass_started_at (statement clock), and its next batch walks the finished index from
+    # (prune_from_finished_at, prune_from_id), the first row the last batch deleted: every finished
+    # row before it has been deleted or passed over. Here rather than in the pruning process, so
+    # that a pruner elected after another one was killed, or a runreaper --once started by cron,
+    # continues where the last one stopped. NULL: from the oldest finished row.
+    prune_pass_started_at = models.DateTimeField(null=True, blank=True)
+    prune_from_finished_at = models.DateTimeField(null=True, blank=True)
+    prune_from_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "leasequeue_reaper_sweep"

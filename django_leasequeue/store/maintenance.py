@@ -129,50 +129,111 @@ _STILL_READ = f"""NOT EXISTS (SELECT 1 FROM {WORKFLOW_TABLE} w WHERE w.id = j.wo
           SELECT 1 FROM {DEPENDENCY_TABLE} d JOIN {JOB_TABLE} dj ON dj.id = d.job_id
           WHERE d.depends_on_id = j.id AND dj.status IN ('waiting', 'cancelled')))"""
 
+
+def _oldest_finished(status: str) -> str:
+    """The first ``%(limit)s`` rows of ``status`` from the pruner's place on, past retention and no
+    longer read, in index order (see JOB_PRUNE)."""
+    return f"""SELECT j.id, j.finished_at, j.ctid FROM {JOB_TABLE} j
+        WHERE j.status = '{status}'
+          AND (j.finished_at, j.id) >= ((SELECT coalesce(from_at, '-infinity') FROM place),
+                                        (SELECT coalesce(from_id, 0) FROM place))
+          AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
+          AND {_STILL_READ}
+        ORDER BY j.finished_at, j.id
+        LIMIT %(limit)s"""
+
+
 # Delete finished jobs past their retention, a small batch at a time so that no statement holds
 # many row locks or bloats one transaction. Dead jobs are kept until replayed or deleted.
-# One subquery per status, each ordered by finished_at with the cutoff as a scalar subquery (a
-# parameter, not a join with the clock): PostgreSQL then walks leasequeue_job_finished
-# (status, finished_at) from the oldest row and stops at the cutoff, so a batch with nothing to
-# delete costs a few index probes. A single "status IN (...) AND finished_at < clock.now - age"
-# is planned as a sequential scan of the whole table, every batch, growing with the table.
+# One subquery per status, each ordered by (finished_at, id) with the cutoff as a scalar subquery
+# (a parameter, not a join with the clock): PostgreSQL then walks leasequeue_job_finished
+# (status, finished_at, id) in order and stops at the cutoff. A single "status IN (...) AND
+# finished_at < clock.now - age" is planned as a sequential scan of the whole table, every batch.
+#
+# Keyset: each batch starts at the (finished_at, id) of the first row the previous batch deleted
+# (the pruner's place, below), a row comparison that is the index scan's start condition.
+# Starting from the oldest finished row instead made every batch walk the index entries of every
+# row the earlier batches had deleted (and visit their heap tuples, as long as they were not yet
+# marked dead in the index) until vacuum removed them: a cost that grew with every batch since the
+# last vacuum. Starting at the previous batch's first row, rather than after its last, walks that
+# one batch's entries once more, which marks them dead in the index (when no older snapshot still
+# needs the rows): a later walk over them, the next full pass, then reads index pages and no heap
+# tuple. The id in the index makes the position exact inside a run of rows finished at the same
+# instant (a bulk cancel, a completion batch). The two statuses are merged in (finished_at, id)
+# order before the limit, so every row before the place was either deleted or passed over; only
+# the rows picked are then locked (by their ctid, as found: no second walk of the primary key),
+# SKIP LOCKED, and deleted.
+#
+# Passed over are the rows kept past retention (_STILL_READ: a member of an unfinished workflow, a
+# job another job still reads), rows locked by someone else at that moment (SKIP LOCKED), and rows
+# that arrived behind the place (finished_at set by a clock that was set back, or an injected
+# now). They are found by a full pass: every ``full_pass_every`` seconds the pass starts again
+# from the oldest finished row, which walks once whatever vacuum has not removed yet, and deletes
+# what is no longer read. The statement decides (the sweep CTE); JOB_PRUNE_SAVE records the pass.
+#
+# Where the place lives: in the one-row sweep record, not in the memory of the pruning process.
+# The pruner is one elected worker or runreaper (reaper.ReaperService.maintain), and the election
+# moves when that process is SIGKILLed or stops, or runreaper --once runs from cron, a new process
+# each time: a place kept in memory would be lost at each of those, and the next pruner would walk
+# the whole dead region again, which is the cost this avoids. In the table, a newly elected pruner
+# continues where the last one stopped. The place is written by a statement of its own after the
+# batch (JOB_PRUNE_SAVE), so the sweep row, which every reaper's sweep locks, is held only for that
+# small statement; a place that stays behind (a crash in between) only costs a re-walk of one
+# batch, and one too far ahead is impossible: it only ever moves to a row a batch deleted.
+#
 # A finished job stays while something still reads it: a member of an unfinished workflow (its
 # callback collects the members' results when the last one settles) and a dependency of a job
 # that still waits, or was cancelled (its release, or its replay, reads its dependencies'
 # results). The edges of deleted jobs go in the same statement; it returns the workflows the
-# deleted jobs belonged to, for JOB_PRUNE_WORKFLOWS.
+# deleted jobs belonged to, for JOB_PRUNE_WORKFLOWS, then the statement's clock, the pass it read,
+# whether it began a new one and the first row it deleted, for JOB_PRUNE_SAVE.
 JOB_PRUNE = f"""
 WITH clock AS MATERIALIZED ({CLOCK}),
-done_old AS (
-    SELECT j.id FROM {JOB_TABLE} j
-    WHERE j.status = 'done' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
-      AND {_STILL_READ}
-    ORDER BY j.finished_at
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
+sweep AS MATERIALIZED (
+    SELECT s.prune_from_finished_at, s.prune_from_id, s.prune_pass_started_at AS pass_at,
+           -- A new pass: none recorded yet, the recorded one began a full-pass interval ago or
+           -- more, or after this clock (the clock was set back, or a caller's now= is earlier).
+           s.prune_pass_started_at IS NULL OR s.prune_pass_started_at > clock.now
+           OR s.prune_pass_started_at <= clock.now - make_interval(secs => %(every)s) AS restart
+    FROM clock LEFT JOIN {SWEEP_TABLE} s ON s.id = 1
 ),
-cancelled_old AS (
-    SELECT j.id FROM {JOB_TABLE} j
-    WHERE j.status = 'cancelled' AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(age)s)
-      AND {_STILL_READ}
-    ORDER BY j.finished_at
+place AS MATERIALIZED (
+    SELECT CASE WHEN restart THEN NULL ELSE prune_from_finished_at END AS from_at,
+           CASE WHEN restart THEN NULL ELSE prune_from_id END AS from_id
+    FROM sweep
+),
+candidates AS MATERIALIZED (
+    SELECT u.ctid FROM (
+        SELECT * FROM ({_oldest_finished("done")}) AS d
+        UNION ALL
+        SELECT * FROM ({_oldest_finished("cancelled")}) AS c
+    ) AS u
+    ORDER BY u.finished_at, u.id
     LIMIT %(limit)s
+),
+picked AS MATERIALIZED (
+    SELECT j.ctid FROM {JOB_TABLE} j
+    WHERE j.ctid = ANY(ARRAY(SELECT ctid FROM candidates)) AND j.status IN ('done', 'cancelled')
     FOR UPDATE OF j SKIP LOCKED
 ),
 deleted AS (
     DELETE FROM {JOB_TABLE} gone
-    WHERE gone.id IN (SELECT u.id FROM (SELECT id FROM done_old UNION ALL SELECT id FROM cancelled_old) AS u
-                      LIMIT %(limit)s)
-    RETURNING gone.id, gone.workflow_id
+    WHERE gone.ctid = ANY(ARRAY(SELECT ctid FROM picked))
+    RETURNING gone.id, gone.workflow_id, gone.finished_at
 ),
 edges_in AS (
     DELETE FROM {DEPENDENCY_TABLE} d WHERE d.job_id IN (SELECT id FROM deleted)
 ),
 edges_out AS (
     DELETE FROM {DEPENDENCY_TABLE} d WHERE d.depends_on_id IN (SELECT id FROM deleted)
+),
+first AS MATERIALIZED (
+    SELECT finished_at, id FROM deleted ORDER BY finished_at, id LIMIT 1
 )
-SELECT count(*), coalesce(array_agg(DISTINCT workflow_id) FILTER (WHERE workflow_id IS NOT NULL), '{{}}')
-FROM deleted
+SELECT (SELECT count(*) FROM deleted),
+       (SELECT coalesce(array_agg(DISTINCT workflow_id) FILTER (WHERE workflow_id IS NOT NULL), '{{}}') FROM deleted),
+       (SELECT now FROM clock), (SELECT pass_at FROM sweep), (SELECT restart FROM sweep),
+       (SELECT finished_at FROM first), (SELECT id FROM first)
 """
 
 # The finished workflows among those JOB_PRUNE just touched that have no job left (a second
@@ -184,9 +245,34 @@ WHERE w.id = ANY(%(ids)s::bigint[]) AND w.finished_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} j WHERE j.workflow_id = w.id)
 """
 
+# Record the pruner's place after a batch (see JOB_PRUNE): the pass that began at %(pass_at)s, and
+# the first row the batch deleted. Only if the pass is still the one the batch read (%(pass_read)s):
+# when another pruner started a new pass meanwhile, its place stands. Within a pass the place only
+# moves forward (two pruners at once: the furthest wins; the rows before it that the other one had
+# locked, it deleted). A new pass (%(restart)s: the batch began at the oldest row) sets the place
+# outright, to the batch's first row (NULL, the start, when it deleted nothing). Before
+# any sweep the row does not exist: it is created with last_sweep_at = NEVER_SWEPT, as a
+# scheduler's tick does.
+_PLACE_MOVES = ("%(restart)s OR s.prune_from_finished_at IS NULL OR (EXCLUDED.prune_from_finished_at, "
+                "EXCLUDED.prune_from_id) > (s.prune_from_finished_at, s.prune_from_id)")
+JOB_PRUNE_SAVE = f"""
+INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, prune_pass_started_at, prune_from_finished_at, prune_from_id)
+VALUES (1, {NEVER_SWEPT}, %(pass_at)s, %(from_at)s, %(from_id)s)
+ON CONFLICT (id) DO UPDATE SET
+    prune_pass_started_at = EXCLUDED.prune_pass_started_at,
+    prune_from_finished_at = CASE WHEN {_PLACE_MOVES} THEN EXCLUDED.prune_from_finished_at
+                                  ELSE s.prune_from_finished_at END,
+    prune_from_id = CASE WHEN {_PLACE_MOVES} THEN EXCLUDED.prune_from_id ELSE s.prune_from_id END
+WHERE s.prune_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
+"""
+
+#: Seconds between two full passes of the retention pruner (see ``JOB_PRUNE``): how long a finished
+#: job that was kept past retention may stay after it is no longer read.
+PRUNE_FULL_PASS_EVERY = 3600.0
+
 
 def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = None,
-              alias: str | None = None) -> int:
+              full_pass_every: float = PRUNE_FULL_PASS_EVERY, alias: str | None = None) -> int:
     """Delete up to ``limit`` done/cancelled jobs finished more than ``older_than`` seconds ago,
     with their dependency edges, then the finished workflows they belonged to that have no job
     left.
@@ -195,18 +281,31 @@ def job_prune(*, older_than: float, limit: int = 1000, now: datetime | None = No
     on or was cancelled while waiting on (both are read when that workflow or dependent settles,
     or the dependent is replayed).
 
+    Each call continues from the first row the previous call deleted, whichever process made it
+    (the place is kept in the sweep record), so a batch walks the entries of one earlier batch at
+    most, not of every row deleted since the last vacuum; every ``full_pass_every`` seconds a pass
+    starts again from the oldest finished row, which deletes the jobs that were kept and are no
+    longer read (see ``JOB_PRUNE``).
+
     Args:
         older_than: retention in seconds.
         limit: at most this many jobs per call.
         now: aware datetime instead of the database clock (tests).
+        full_pass_every: seconds between two passes from the oldest finished row.
+        alias: database alias; default the job table's.
 
     Returns:
         The number of jobs deleted (call again while it equals ``limit``).
     """
-    deleted, workflows = _run(JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit},
-                              alias=alias).one()
+    deleted, workflows, clock_now, pass_read, restart, first_at, first_id = _run(
+        JOB_PRUNE, {"now": now, "age": float(older_than), "limit": limit, "every": float(full_pass_every)},
+        alias=alias).one()
     if workflows:
         _run(JOB_PRUNE_WORKFLOWS, {"ids": list(workflows)}, alias=alias)
+    if restart or first_at is not None:
+        _run(JOB_PRUNE_SAVE, {"restart": restart, "pass_read": pass_read,
+                              "pass_at": clock_now if restart else pass_read,
+                              "from_at": first_at, "from_id": first_id}, alias=alias)
     return int(deleted)
 
 

@@ -1,5 +1,6 @@
 """The election of the one process that runs the periodic maintenance: the store's
-statement, and workers' reapers pruning finished jobs only when elected."""
+statement, and workers' reapers pruning finished jobs only when elected, the next one elected
+continuing where the last one stopped."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from invoices.tasks import flaky_sync
 
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.conf import build
-from django_leasequeue.models import Job, WorkerProcess
+from django_leasequeue.models import Job, ReaperSweep, WorkerProcess
 from django_leasequeue.reaper import ReaperService
 
 pytestmark = pytest.mark.django_db
@@ -90,3 +91,31 @@ def test_worker_maintenance_must_be_a_bool():
 
     with pytest.raises(ConfigurationError, match=r"WORKER_MAINTENANCE'\] must be True or False, got 'no'"):
         build({"WORKER_MAINTENANCE": "no"})
+
+
+def test_a_newly_elected_pruner_continues_from_the_place_the_killed_one_left(db_clock):
+    settings = build({"RETENTION": 3600, "PRUNE_BATCH": 2})
+    now = store.db_now()
+    first = ReaperService(settings=settings, process_id=register("h:1:first", at=now - timedelta(seconds=5)))
+    second = ReaperService(settings=settings, process_id=register("h:2:second", at=now))
+    pruned_by_first = old_finished_jobs(5, hours=3)
+    assert first.maintain_if_elected(0.0) is True
+    assert (first.pruned, Job.objects.filter(pk__in=pruned_by_first).exists()) == (5, False)
+    # The place, in the sweep record: the first row of the last batch (of 2, 2 and 1 rows).
+    assert ReaperSweep.objects.get().prune_from_id == pruned_by_first[4]
+    # A row finished behind that place (a clock set back wrote it), and rows finished after it.
+    behind = old_finished_jobs(1, hours=4)
+    after = old_finished_jobs(3, hours=2)
+    # The first worker is SIGKILLed; the second is elected and continues after the first one's
+    # place: it deletes the rows after it, not the one behind it (a walk from the oldest row would).
+    WorkerProcess.objects.filter(pk="h:1:first").update(last_heartbeat_at=store.db_now() - timedelta(seconds=31))
+    assert second.maintain_if_elected(60.0) is True
+    assert second.pruned == 3 and not Job.objects.filter(pk__in=after).exists()
+    assert list(Job.objects.values_list("id", flat=True)) == behind
+    assert ReaperSweep.objects.get().prune_from_id == after[2]  # batches of 2 and 1
+    # The next full pass (PRUNE_FULL_PASS_EVERY after the first pass began) starts from the oldest
+    # row and deletes it.
+    db_clock.advance(store.PRUNE_FULL_PASS_EVERY)
+    store.process_heartbeat("h:2:second")
+    assert second.maintain_if_elected(120.0) is True
+    assert second.pruned == 4 and not Job.objects.exists()

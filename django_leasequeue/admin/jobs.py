@@ -9,7 +9,8 @@ from typing import Any, ClassVar, cast
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Left
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -127,10 +128,15 @@ class JobAdmin(_JobAdminBase):
         """The bulk "Delete finished jobs" needs ``delete_job``."""
         return request.user.has_perm(f"{APP}.delete_job")
 
+    #: Shown last for a job stored with a trace context (enqueued while OpenTelemetry was on).
+    trace_fieldset: ClassVar[Any] = ("Trace context", {"classes": ("collapse",), "fields": ("trace_context_display",)})
+
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         fieldsets = list(self.fieldsets or ())
         if obj is not None and self._in_workflow(obj):
             fieldsets.insert(1, self.workflow_fieldset)
+        if obj is not None and getattr(obj, "lq_trace_text", None) is not None:
+            fieldsets.append(self.trace_fieldset)
         return fieldsets
 
     @staticmethod
@@ -281,6 +287,19 @@ class JobAdmin(_JobAdminBase):
     def result_pretty(self, obj: Job) -> str:
         return _pre(obj.result) if obj.result is not None else "—"
 
+    @admin.display(description="trace context")
+    def trace_context_display(self, obj: Job) -> str:
+        # Read as clipped text (get_object), never through JSONField: a row written by hand may
+        # hold JSON nested too deeply to decode, or megabytes. Shown as a claim reads it.
+        text: str | None = getattr(obj, "lq_trace_text", None)
+        if text is None:
+            return "—"
+        carrier, problem = store.trace_carrier(text)
+        if problem is not None:
+            return format_html('unreadable: {} (the job runs traced without a link)<pre class="lq-json">{}</pre>',
+                               problem, text[:200] + ("…" if len(text) > 200 else ""))
+        return _pre(carrier)
+
     @admin.display(description="workflow")
     def workflow_link(self, obj: Job) -> str:
         if obj.workflow_id is None:
@@ -418,9 +437,13 @@ class JobAdmin(_JobAdminBase):
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         # The change page loads the whole row (the list defers the heavy columns), and whether the
         # job has dependencies, for its Workflow section (an index probe in the same statement).
+        # The trace context is read as text clipped by the database (trace_context_display), never
+        # decoded as JSON here: a hand-written value must not fail the page.
         try:
-            return self.get_queryset(request).annotate(
-                lq_has_edges=Exists(Dependency.objects.filter(job_id=OuterRef("pk")))).get(pk=int(object_id))
+            return self.get_queryset(request).defer("trace_context").annotate(
+                lq_has_edges=Exists(Dependency.objects.filter(job_id=OuterRef("pk"))),
+                lq_trace_text=Left(Cast("trace_context", TextField()), store.TRACE_CONTEXT_MAX_BYTES + 1),
+            ).get(pk=int(object_id))
         except (ValueError, Job.DoesNotExist):
             return None
 
@@ -428,7 +451,7 @@ class JobAdmin(_JobAdminBase):
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         try:
-            return get_object_or_404(Job, pk=int(object_id))
+            return get_object_or_404(Job.objects.defer("trace_context"), pk=int(object_id))
         except ValueError:
             raise Http404("no such job")
 

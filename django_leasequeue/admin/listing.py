@@ -24,8 +24,10 @@ from .common import _PaginatorBase, parse_id
 #: estimate (an exact count of a million rows costs a scan per page load).
 EXACT_COUNT_LIMIT = 10_000
 
-#: Columns the job list never loads (C24: a 1 MB kwargs must not travel for a list row).
-HEAVY_FIELDS = ("args", "kwargs", "errors", "history", "result")
+#: Columns the job list never loads (C24: a 1 MB kwargs must not travel for a list row). The trace
+#: context too: no list shows it, and a row written by hand may hold megabytes, or JSON nested too
+#: deeply for Python to decode (the whole page would fail on that one row).
+HEAVY_FIELDS = ("args", "kwargs", "errors", "history", "result", "trace_context")
 
 
 class EstimatedCountPaginator(_PaginatorBase):

@@ -262,6 +262,7 @@ from .testing import (
     job_expire_lease,
     job_make_due,
 )
+from .trace_values import CLAIMED_TRACE_CONTEXT, TRACE_CONTEXT_MAX_BYTES, trace_carrier, trace_json
 from .workflows import (
     DEPENDENCY_LOCK,
     DEPENDENCY_TABLE,
@@ -305,6 +306,10 @@ __all__ = [
     "JOB_REPLAY", "JOB_REQUEST_CANCEL", "JOB_RETRY_NOW", "JOB_SET_RESULT", "JOB_SNOOZE", "JOB_TABLE", "KeyWait",
     "LEASE_REPORT", "NewJob", "PROCESSES", "PROCESS_HEARTBEAT", "PROCESS_MAINTAINER", "PROCESS_PRUNE", "PROCESS_TABLE",
     "TraceContext",
+    "CLAIMED_TRACE_CONTEXT",
+    "TRACE_CONTEXT_MAX_BYTES",
+    "trace_carrier",
+    "trace_json",
     "PROCESS_UPSERT", "PRUNE_FULL_PASS_EVERY", "QUEUE_LIST",
     "QUEUE_PAUSE", "QUEUE_RESUME", "QUEUE_STATS", "QUEUE_TABLE", "QueueInfo",
     "RATE_LOCK", "RATE_LOG_BUCKETS", "RATE_ROWS_CREATE", "Reaped", "Released", "Renewal", "ReplayResult",

@@ -70,6 +70,7 @@ from ._db import (
     db_alias,
     logger,
 )
+from .trace_values import CLAIMED_TRACE_CONTEXT, trace_carrier
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -100,8 +101,9 @@ class ClaimedJob:
     # the worker's wait-time histogram measures from the later of it and created_at.
     run_at: datetime | None = None
     # The W3C trace context carrier the enqueue stored (django_leasequeue.tracing), or None: the
-    # attempt's "process" span links to it. Decoded as stored; the tracing module checks its shape.
-    trace_context: Any = None
+    # attempt's "process" span links to it. None too for a stored value that is not a carrier
+    # (store.trace_values): trace data never costs the job, which runs without the link.
+    trace_context: dict[str, str] | None = None
 
 
 # Claim up to %(limit)s due jobs from the listed queues. The LATERAL subquery runs once per queue
@@ -153,7 +155,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
           jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
-          j.trace_context
+          {CLAIMED_TRACE_CONTEXT}
 """
 
 # The same claim over every queue (``runworker --queues '*'``). Without a queue to lead the index,
@@ -189,7 +191,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
           jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
-          j.trace_context
+          {CLAIMED_TRACE_CONTEXT}
 """
 
 
@@ -362,11 +364,20 @@ def _claim_decoder(names: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
             "priority": r[i_priority], "created_at": _EPOCH + r[i_created] * _MICROSECOND,
             "started_at": None if started is None else _EPOCH + started * _MICROSECOND, "error_count": r[i_errors],
             "run_at": _EPOCH + r[i_run_at] * _MICROSECOND,
-            "trace_context": None if r[i_trace] is None else _load(r[i_trace]),
+            "trace_context": None if r[i_trace] is None else _trace_context(r[i_id], r[i_trace]),
         })
         return job
 
     return decode
+
+
+def _trace_context(job_id: int, text: str) -> dict[str, str] | None:
+    """The carrier of a claimed row's ``trace_context`` text, or None with a warning naming the job
+    and the reason when the value is not one (the job still runs; only its span link is lost)."""
+    carrier, problem = trace_carrier(text)
+    if problem is not None:
+        logger.warning("job %s: trace_context ignored, the attempt is traced without a link: %s", job_id, problem)
+    return carrier
 
 
 def _claim_order(rows: list[Any], names: Sequence[str]) -> list[Any]:

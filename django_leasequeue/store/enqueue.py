@@ -13,14 +13,15 @@ from ._db import (
     _JOB_COLUMNS,
     CLOCK,
     JOB_TABLE,
-    _dumps,
     _jobs_from_rows,
     _load,
     _run,
     _schema_required,
     db_alias,
+    logger,
 )
 from .sequences import sequence_locked
+from .trace_values import trace_json
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,13 @@ TraceContext = Mapping[str, str]
 
 
 def _trace_json(trace_context: TraceContext | None) -> str | None:
-    """The ``trace_context`` column's value: the carrier as JSON text, or None (SQL NULL)."""
-    return None if not trace_context else _dumps(dict(trace_context))
+    """The ``trace_context`` column's value: the carrier as JSON text, or None (SQL NULL). Only a
+    carrier a claim reads back as written is stored (``trace_values.trace_json``); one that is not
+    is logged and left out, never refused: tracing must not cost an enqueue."""
+    text, problem = trace_json(trace_context)
+    if problem is not None:
+        logger.warning("enqueue: %s", problem)
+    return text
 
 
 def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datetime | None = None,

@@ -56,6 +56,7 @@ from ._db import (
     _run,
     db_alias,
 )
+from .trace_values import CLAIMED_TRACE_CONTEXT
 
 if TYPE_CHECKING:
     from ..conf import RateLimit
@@ -126,7 +127,7 @@ claimed AS (
               j.priority, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
               (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
               jsonb_array_length(j.errors) AS error_count,
-              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, j.trace_context
+              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, {CLAIMED_TRACE_CONTEXT}
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,
@@ -239,7 +240,7 @@ claimed AS (
               j.priority, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
               (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
               jsonb_array_length(j.errors) AS error_count,
-              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, j.trace_context
+              (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us, {CLAIMED_TRACE_CONTEXT}
 ),
 counts AS MATERIALIZED (
     SELECT q.name, q.rate_n, q.rate_secs, q.allow, extract(epoch FROM clock.now) AS now_s,

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..models import RateKeyState
 from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run_claim, db_alias
+from .trace_values import CLAIMED_TRACE_CONTEXT
 
 # Claim up to %(limit)s jobs of one fair queue (%(queue)s), round-robin across fair keys (see the
 # module docstring). after_cursor and from_start are the two halves of the circular walk (keys
@@ -158,7 +159,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
           jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
-          j.trace_context,
+          {CLAIMED_TRACE_CONTEXT},
           (SELECT c.rn * (2 * %(limit)s + 2) + c.ord FROM chosen c WHERE c.id = j.id) AS fair_order
 """
 

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from ._db import CLOCK, FLOW_RULES, JOB_TABLE, QUEUE_TABLE, TOKEN_MAX, _run, db_alias
 from .claim import ClaimResult, _column_names, _decode_claims
+from .trace_values import CLAIMED_TRACE_CONTEXT
 
 # Claim the listed jobs (not "the next due ones"): eager mode runs exactly the jobs the code
 # under test enqueued, and the lost-lease simulation has a second worker take over one job. Same
@@ -44,7 +45,7 @@ RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j
           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_at_us,
           (extract(epoch FROM j.started_at) * 1000000)::bigint AS started_at_us,
           jsonb_array_length(j.errors) AS error_count, (extract(epoch FROM j.run_at) * 1000000)::bigint AS run_at_us,
-          j.trace_context
+          {CLAIMED_TRACE_CONTEXT}
 """
 
 def job_claim_ids(ids: Iterable[int], *, worker_id: str, lease: float, now: datetime | None = None,

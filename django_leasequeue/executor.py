@@ -28,7 +28,6 @@ import inspect
 import logging
 import multiprocessing
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 from django.db import DatabaseError
 
 from . import child, registry, signals, store, tracing
+from .child_attempts import CHILD_TERM_GRACE, ChildAttempts, KilledAtStop, kill_child
 from .conf import Settings
 from .context import JobContext
 from .exceptions import (
@@ -59,23 +59,11 @@ logger = logging.getLogger("django_leasequeue.executor")
 T = TypeVar("T")
 
 # Process mode: seconds a child may take to set Django up and import the task modules (not the
-# handler's time; its timeout counts from the handler's start), and between SIGTERM and SIGKILL.
+# handler's time; its timeout counts from the handler's start).
 CHILD_START_TIMEOUT = 120.0
-CHILD_TERM_GRACE = 2.0
 # Process mode: how often the worker's thread looks at the job's context (a lost lease kills the
 # child) while it waits for the child's outcome.
 CHILD_WATCH_INTERVAL = 0.2
-
-
-def _signal_group(pgid: int | None, sig: int) -> None:
-    """Send ``sig`` to the process group ``pgid`` (a process-mode child's own group); nothing when
-    it does not exist (any more, or yet)."""
-    if pgid is None:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 class ChildError(Exception):
@@ -99,10 +87,6 @@ class ChildProcessFailed(RuntimeError):
 class _NotStarted(BaseException):  # noqa: N818 - internal control flow, never recorded
     """Process mode: the child was set up, but the worker's start check (``may_start``) refused
     the job before its handler ran (its queue was paused meanwhile): the worker gives it back."""
-
-
-class _KilledAtStop(BaseException):  # noqa: N818 - internal control flow, never recorded
-    """The worker's graceful stop killed the child (after the grace period): the job is released."""
 
 
 def with_reconnect(fn: Callable[[], T]) -> T:
@@ -276,9 +260,7 @@ class Executor:
         self.complete = complete
         self.default_backoff = Backoff(base=settings.backoff_base, max=settings.backoff_max,
                                        jitter=settings.backoff_jitter)
-        self._children: dict[int, Any] = {}  # job id -> multiprocessing.Process (process mode)
-        self._children_lock = threading.Lock()
-        self._stopping = False
+        self.children = ChildAttempts()  # process mode: who records each attempt's outcome
 
     def run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool = False,
             may_start: Callable[[], bool] | None = None) -> str:
@@ -297,11 +279,18 @@ class Executor:
         # and the attempt's "process" span (OpenTelemetry, when configured) is the parent of the
         # handler's own spans. A success is handed to the batched completer inside the span; the
         # span ends before the completer's write.
-        with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version), \
-                tracing.process_span(job, ctx):
-            outcome = self._run(job, ctx, child=child, may_start=may_start)
-            tracing.attempt_ended(ctx, outcome)
-            return outcome
+        attempt = self.children.enter(ctx) if child else None
+        if attempt is not None and attempt.stopped:
+            return "released"  # the worker's stop took it before it began: it releases the job
+        try:
+            with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version), \
+                    tracing.process_span(job, ctx):
+                outcome = self._run(job, ctx, child=child, may_start=may_start)
+                tracing.attempt_ended(ctx, outcome)
+                return outcome
+        finally:
+            if attempt is not None:
+                self.children.leave(attempt)
 
     def _run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool,
              may_start: Callable[[], bool] | None) -> str:
@@ -320,7 +309,7 @@ class Executor:
                 raise result
         except _NotStarted:
             return "not_started"
-        except _KilledAtStop:
+        except KilledAtStop:
             return "released"  # the worker's stop releases the job (an interrupted attempt)
         except Snooze as snooze:
             return self._snooze(job, ctx, snooze.seconds, fields)
@@ -395,7 +384,7 @@ class Executor:
         started = time.monotonic()
         try:
             result = self._call_in_child(spec, job, ctx, may_start) if child else self._call(spec, job, ctx)
-        except (LeaseLost, _KilledAtStop, _NotStarted):
+        except (LeaseLost, KilledAtStop, _NotStarted):
             ctx.handler_returned()
             raise
         except BaseException as exc:
@@ -432,22 +421,31 @@ class Executor:
                    # The attempt's process span, the parent of the child's handler spans (or None).
                    "trace_parent": tracing.carrier_of_current_span()}
         proc = mp.Process(target=child.main, args=(sender, payload), name=f"leasequeue-job-{job.id}", daemon=True)
-        with self._children_lock:
-            if self._stopping:
-                raise _KilledAtStop()
-            proc.start()
-            self._children[job.id] = proc
+        attempt = self.children.enter(ctx)  # run() registered it
+        self.children.start(attempt, proc)
         sender.close()
         try:
-            if not receiver.poll(CHILD_START_TIMEOUT):
-                raise ChildProcessFailed(
-                    f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
-            receiver.recv()  # "ready": Django is set up in the child
+            try:
+                if not receiver.poll(CHILD_START_TIMEOUT):
+                    self.children.take_outcome(attempt)
+                    raise ChildProcessFailed(
+                        f"the child process did not start the handler within {CHILD_START_TIMEOUT:g} s")
+                receiver.recv()  # "ready": Django is set up in the child
+            except EOFError:
+                # The child died while setting up: killed by the worker's stop (which then owns
+                # the attempt), or on its own (an import error, the OOM killer).
+                proc.join(CHILD_TERM_GRACE)
+                self.children.take_outcome(attempt)
+                raise ChildProcessFailed(f"the child process died while setting up (exit code {proc.exitcode})") \
+                    from None
             if may_start is not None and not may_start():
+                self.children.take_outcome(attempt)  # the stop may have taken it meanwhile: then it releases it
                 receiver.send("stop")
                 proc.join(CHILD_TERM_GRACE)
                 raise _NotStarted()
-            receiver.send("go")  # the handler's timeout counts from here
+            # The stop releases the job as interrupted exactly when "go" was sent (the child
+            # enters the handler only after it); once the stop took the attempt, none is sent.
+            self.children.go(attempt, receiver)  # the handler's timeout counts from here
             started = time.monotonic()
             deadline = None if spec.timeout is None else started + spec.timeout
             while not receiver.poll(CHILD_WATCH_INTERVAL if deadline is None
@@ -456,28 +454,29 @@ class Executor:
                     # The lease is gone (the heartbeat found the token moved): another worker may be
                     # running the job already. The child's outcome would be discarded; stop it now,
                     # so that it does not run on beside the next attempt.
-                    self._kill(proc)
+                    self.children.take_outcome(attempt)
+                    kill_child(proc)
                     raise LeaseLost(f"job {job.id}: lease {job.lease_version} was lost; its child process "
                                     f"was killed after {time.monotonic() - started:.1f} s")
                 if deadline is not None and time.monotonic() >= deadline:
+                    self.children.take_outcome(attempt)
                     ctx.time_out()
-                    self._kill(proc)
+                    kill_child(proc)
                     raise JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; "
                                       f"its child process was killed after {time.monotonic() - started:.1f} s")
             try:
                 kind, value, completed = receiver.recv()
             except EOFError:
                 proc.join(CHILD_TERM_GRACE)
-                if self._stopping:
-                    raise _KilledAtStop() from None
+                self.children.take_outcome(attempt)
                 raise ChildProcessFailed(f"the child process running the handler died (exit code {proc.exitcode})") \
                     from None
+            if not completed:  # a job fenced_atomic() committed is done, whoever took the attempt
+                self.children.take_outcome(attempt)
         finally:
             receiver.close()
-            with self._children_lock:
-                self._children.pop(job.id, None)
             if proc.is_alive():
-                self._kill(proc)
+                kill_child(proc)
             else:
                 proc.join()
         if completed:
@@ -496,28 +495,16 @@ class Executor:
             raise PayloadNotSerializable(value)
         raise ChildError(value["error"], value.get("decision"))
 
-    @staticmethod
-    def _kill(proc: Any) -> None:
-        # The child runs in a process group of its own (child.main), so the handler's own
-        # subprocesses are signalled with it; before the child made its group (still starting),
-        # the group does not exist and only the child itself is signalled.
-        _signal_group(proc.pid, signal.SIGTERM)
-        proc.terminate()
-        proc.join(CHILD_TERM_GRACE)
-        if proc.is_alive():  # SIGTERM ignored, or a handler holding the GIL never ran the handler
-            proc.kill()
-            proc.join()
-        _signal_group(proc.pid, signal.SIGKILL)  # subprocesses that outlived the child
+    def stop_children(self, contexts: list[JobContext]) -> dict[int, bool]:
+        """The worker's graceful stop (process mode, after its grace period): take the attempts of
+        ``contexts`` whose threads have not taken their outcome, kill their children, and start no
+        more; see :meth:`ChildAttempts.stop`. The stop then releases those jobs, and their
+        threads record nothing.
 
-    def kill_children(self) -> int:
-        """Kill every running child process (process mode; the worker's graceful stop calls this
-        after its grace period, before releasing their jobs) and start no more. Returns how many."""
-        with self._children_lock:
-            self._stopping = True
-            procs = list(self._children.values())
-        for proc in procs:
-            self._kill(proc)
-        return len(procs)
+        Returns:
+            Job id -> whether its handler had started, for each attempt taken.
+        """
+        return self.children.stop(contexts)
 
     def record_timeout(self, job: store.ClaimedJob, ctx: JobContext, message: str, *,
                        min_delay: float = 0.0) -> str:

@@ -366,11 +366,19 @@ class WorkerService(RegisteredService):
             # Returned jobs whose completion is still queued are not released (that would run them
             # again): the flush below writes them, or their lease expires.
             held = [i for i in self.pool.inflight.values() if not i.completing]
+        # Whether each job's handler had started, for the release below.
+        started = {i.job.id: i.started for i in held}
         if self.execution == "process":
             # Children still running after the grace period are killed before their jobs are
-            # released, so no handler runs on beside the next attempt. (Read the held jobs first:
-            # a killed child's thread lets go of its job at once, and the release must see it.)
-            self.executor.kill_children()
+            # released, so no handler runs on beside the next attempt. The stop takes those
+            # attempts from their threads (which then record nothing: no failure for the closed
+            # pipe, no lost lease for a write the release refused) and releases them, as
+            # interrupted only when the child had been told to start the handler: one killed
+            # while it set Django up never ran it. A job whose thread took its child's outcome
+            # first is left to that thread. (Read the held jobs first: a killed child's thread
+            # lets go of its job at once, and the release must see it.)
+            started = self.executor.stop_children([i.ctx for i in held])
+            held = [i for i in held if i.job.id in started]
         leftover = [i for i in held if not i.timed_out]
         # A handler that returned after the completer's final flush (the grace period ran out as it
         # finished) submitted its success to the stopped completer and left the running list, so it
@@ -398,7 +406,7 @@ class WorkerService(RegisteredService):
         # MAX_INTERRUPTIONS times (then the job is dead-lettered as Interrupted). One that never
         # started (prefetched) did not run: released freely.
         for interrupted in (True, False):
-            batch = [(i.job.id, i.job.lease_version) for i in leftover if i.started is interrupted]
+            batch = [(i.job.id, i.job.lease_version) for i in leftover if started[i.job.id] is interrupted]
             if not batch:
                 continue
             try:

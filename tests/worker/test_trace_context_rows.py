@@ -15,22 +15,18 @@ from collections.abc import Iterator
 
 import pytest
 from django.db import connection
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from qa.models import Execution
 from qa.tasks import record
 
-from django_leasequeue import store, tracing
+from django_leasequeue import store
 from django_leasequeue.conf import parse_rate
 from django_leasequeue.models import Job
 from django_leasequeue.testing import drain
+from tests.support.spans import PROVIDER, exported_spans
 
 pytestmark = pytest.mark.django_db
 
-PROVIDER = TracerProvider()
-EXPORTER = InMemorySpanExporter()
-PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
 app_tracer = PROVIDER.get_tracer("tests.worker.trace_context_rows")
 
 GOOD_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -49,13 +45,7 @@ BAD = {
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    EXPORTER.clear()
-    tracing.set_tracer_provider(PROVIDER)
-    try:
-        yield EXPORTER
-    finally:
-        tracing.set_tracer_provider(None)
-        EXPORTER.clear()
+    yield from exported_spans()
 
 
 def _write_bad_rows() -> dict[str, int]:

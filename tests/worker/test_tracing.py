@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -24,12 +23,10 @@ from django_leasequeue.conf import parse_rate
 from django_leasequeue.enqueueing import enqueue, enqueue_many, enqueue_on_commit, task
 from django_leasequeue.models import Job
 from django_leasequeue.testing import drain
+from tests.support.spans import EXPORTER, PROVIDER, exported_spans
 
 pytestmark = pytest.mark.django_db
 
-PROVIDER = TracerProvider()
-EXPORTER = InMemorySpanExporter()
-PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
 # What a project's code (a view, a handler) traces with; here the test's provider, not the global.
 app_tracer = PROVIDER.get_tracer("tests.worker.tracing")
 
@@ -47,13 +44,7 @@ def charge(card: str) -> str:
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    EXPORTER.clear()
-    tracing.set_tracer_provider(PROVIDER)
-    try:
-        yield EXPORTER
-    finally:
-        tracing.set_tracer_provider(None)
-        EXPORTER.clear()
+    yield from exported_spans()
 
 
 def ids(span: ReadableSpan) -> tuple[int, int]:

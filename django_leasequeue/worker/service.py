@@ -188,6 +188,17 @@ class WorkerService(RegisteredService):
         """Jobs claimed since start."""
         return self.producer.claimed
 
+    @property
+    def error_backoff_max(self) -> float:
+        """Seconds: the longest wait of the claim loop after failed rounds. The general cap, except
+        while a claim's reply may have been lost (``producer.claim_unsure``): that claim's jobs are
+        leased to this worker, which must give them back before their lease expires (else they are
+        reaped as an attempt that never ran), so the loop retries as often as the heartbeat renews,
+        once per renewal interval, however long the database has been refusing it."""
+        if self.producer.claim_unsure:
+            return min(super().error_backoff_max, self.heartbeat.error_backoff_max)
+        return super().error_backoff_max
+
     def counts(self) -> WorkerCounts:
         """What this worker did since it started: jobs claimed, then each outcome (done, retried,
         dead-lettered, lease lost, released, snoozed, cancelled) and the seconds it ran, up to its

@@ -23,7 +23,7 @@ from qa.models import Execution
 
 from django_leasequeue import enqueue, signals
 from django_leasequeue.models import Job
-from django_leasequeue.runtime import close_broken_connections
+from django_leasequeue.runtime import ERROR_BACKOFF_MAX, close_broken_connections
 from django_leasequeue.worker import WorkerService
 from django_leasequeue.worker.producer import LOST_CLAIM_REASON
 from tests.support.lost_reply import ReplyLosingRelay, default_connection_through_relay
@@ -174,3 +174,21 @@ def test_a_graceful_stop_right_after_a_lost_claim_gives_its_jobs_back(relay, rel
     worker.on_stop()
     assert released_events == [(job.id, LOST_CLAIM_REASON)]
     assert rows([job.id]) == {job.id: ("ready", 0, 2, worker.worker_id)}
+
+
+def test_while_a_claim_may_be_lost_the_loop_retries_within_the_lease(relay):
+    """After failed rounds the claim loop waits up to the general cap (30 s), but while a lost
+    claim's jobs wait to be given back it retries at least once per renewal interval, as the
+    heartbeat does: a database that refused the give-back for a few rounds (a PgBouncer restarted
+    again and again) must not push it past their lease, or they are reaped as attempts no handler
+    made."""
+    enqueue("qa.record", kwargs={"tag": "u"}, max_attempts=1)
+    worker = worker_without_threads(concurrency=1)
+    general = worker.error_backoff_max
+    assert general == ERROR_BACKOFF_MAX
+    lose_a_claim(worker, relay)
+    assert worker.producer.claim_unsure
+    assert worker.error_backoff_max == worker.heartbeat.error_backoff_max == \
+        worker.pool.renewal_interval(worker.lease) < worker.lease
+    assert worker.producer.release_lost_claims() == 1
+    assert worker.error_backoff_max == general

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import pytest
 
@@ -61,7 +62,9 @@ def test_the_bound_is_checked_on_the_text_a_claim_reads():
 @pytest.mark.parametrize(("text", "reason"), [
     (None, None),
     ('{"traceparent": "p"}', None),
-    ("[" * 2000 + "]" * 2000, "trace_context is nested too deeply to decode"),
+    # 3.11 and 3.12 give up on 2,000 nested arrays (RecursionError); 3.13's decoder reads them.
+    ("[" * 2000 + "]" * 2000, "trace_context is nested too deeply to decode" if sys.version_info < (3, 13)
+     else "trace_context is a JSON array, not an object"),
     ('{"a": ' * 580 + "1" + "}" * 580, "trace_context's 'a' is a JSON object, not a string"),
     ("x" * (BOUND + 1), f"trace_context is longer than {BOUND} bytes"),
     ("é" * (BOUND // 2 + 1), f"trace_context is longer than {BOUND} bytes"),

@@ -33,7 +33,10 @@ GOOD_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # The bad values, as SQL literals cast to jsonb, and the reason the warning gives for each.
 BAD = {
     "deep": ("'" + '{"a":' * 4000 + "1" + "}" * 4000 + "'", "longer than 4096 bytes"),
-    "deep_small": ("'" + "[" * 2000 + "]" * 2000 + "'", "nested too deeply to decode"),
+    # Python 3.11 and 3.12 give up on 2,000 nested arrays (RecursionError); 3.13's decoder reads
+    # them, and the value is then refused as an array. Either way the job runs without a link.
+    "deep_small": ("'" + "[" * 2000 + "]" * 2000 + "'",
+                   ("nested too deeply to decode", "is a JSON array, not an object")),
     "string": (f"'\"{GOOD_PARENT}\"'", "is a JSON string, not an object"),
     "array": (f"'[\"{GOOD_PARENT}\"]'", "is a JSON array, not an object"),
     "number": ("'42'", "is a JSON number, not an object"),
@@ -84,7 +87,10 @@ def test_with_tracing_off_every_bad_trace_context_runs_once_and_is_warned_about_
     assert sorted(warned) == sorted(bad.values())  # none for the good (NULL) row
     for name, job_id in bad.items():
         [message] = warned[job_id]
-        assert f"job {job_id}: " in message and BAD[name][1] in message, (name, message)
+        reasons = BAD[name][1]
+        assert f"job {job_id}: " in message, (name, message)
+        assert any(reason in message for reason in ((reasons,) if isinstance(reasons, str) else reasons)), \
+            (name, message)
 
 
 def test_with_a_tracer_provider_bad_rows_run_unlinked_and_good_rows_link(spans, caplog):

@@ -36,7 +36,11 @@ def test_the_retry_of_a_stuck_attempt_does_not_start_before_the_stuck_worker_is_
     env = {"LEASEQUEUE_LEASE": "2", "LEASEQUEUE_REAPER_INTERVAL": "0.5", "LEASEQUEUE_POLL_INTERVAL": "0.05",
            "LEASEQUEUE_SHUTDOWN_GRACE": "3"}
     job = enqueue("qa.hang_forever")  # timeout=1, backoff=0.05; the first attempt blocks for good
-    stuck = spawn("runworker", "--concurrency", "1", env={**env, "LEASEQUEUE_STUCK_EXIT_AFTER": "4"})
+    # It exits STUCK_EXIT_AFTER past the timeout, and only then: the count bound is off (above the
+    # concurrency), else a --concurrency 1 worker exits at its first stuck handler, before a loaded
+    # machine has started the second worker.
+    stuck = spawn("runworker", "--concurrency", "1", env={**env, "LEASEQUEUE_STUCK_EXIT_AFTER": "8",
+                                                         "LEASEQUEUE_STUCK_HANDLERS_MAX": "2"})
     wait_for(lambda: job_in(job.id, "leased"), timeout=60, what="the hung job to be claimed")
     other = spawn("runworker", "--concurrency", "1", env=env)
     wait_for(lambda: WorkerProcess.objects.filter(pid=other.pid).exists(), timeout=60, what="the second worker")

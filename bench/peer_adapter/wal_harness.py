@@ -1,0 +1,151 @@
+"""WAL bytes per job, enqueue to done, of one system of the peers harness (ours included).
+
+Usage: python bench/peer_adapter/wal_harness.py HARNESS_DIR SYSTEM [--n 10000] [--reps 3]
+
+Drives the harness's own per-system code, imported from the read-only harness folder, never copied:
+its ``Adapter`` (``install``, ``enqueue_single``, ``enqueue_bulk``, ``worker_commands``,
+``pending_sql``), its ``Workers``, ``LogTail``, ``worker_env`` and ``recreate_database`` (common.py)
+and ``wait_for`` (run_peer.py). For ``leasequeue`` it adds this folder to the harness's ``systems``
+package, as ``run_harness.py`` does. Run it with the Python that runs the system (the peers'
+virtualenv for the peers, the project's for ``leasequeue``).
+
+For each repetition and each path, ``single`` (``enqueue_single``: one job per transaction) and
+``bulk`` (``enqueue_bulk``, where the system has one), on a fresh database ``<--db-prefix><system>``:
+
+1. install the schema; read ``pg_current_wal_lsn()`` (L0);
+2. enqueue N no-op jobs, workers stopped; read L1; ``ANALYZE`` (as the harness does before its
+   drain); read L2 (the ANALYZE's own WAL, L2 - L1, is left out);
+3. start the system's workers, wait until every job recorded its start and the system's own table
+   shows nothing pending; stop the workers (they flush what they buffer); read L3.
+
+WAL per job = ((L1 - L0) + (L3 - L2)) / N, split into its enqueue part and its drain part (worker
+start-up and shutdown writes included: they are each system's fixed cost, spread over N jobs).
+
+The WAL position is server-wide: anything else writing on the server during the measure is
+counted too. The script reads the background WAL rate in a 1 s window with no work of its own just
+before each measure and reports it (``background_bytes_per_s``) with the share of the figure it
+could explain (``background_share``), and it counts checkpoints that fell inside the measure
+(``checkpoints``: after one, the first change of each page writes a full-page image, so such a
+run writes more). One JSON line per repetition and path goes to stderr; a JSON summary (per path:
+the median and the min and max over the repetitions) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def lsn(c: Any) -> str:
+    """The server's current WAL insert position (text form, e.g. ``0/3A000060``)."""
+    return str(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+def diff(c: Any, end: str, start: str) -> int:
+    """Bytes of WAL between two positions."""
+    return int(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0])
+
+
+def checkpoints(c: Any) -> int:
+    """Checkpoints the server has completed since its statistics were reset (timed and requested)."""
+    return int(c.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()[0])
+
+
+def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") -> dict[str, Any]:
+    """One measure of ``path`` ("single" or "bulk") for ``system``; see the module docstring."""
+    import psycopg
+    from common import LogTail, Workers, dsn, recreate_database, worker_env
+    from run_peer import module_for, wait_for
+
+    db = prefix + system.replace("-", "_")
+    recreate_database(db)
+    adapter = importlib.import_module(module_for(system)).Adapter(db)
+    log_dir = tempfile.mkdtemp(prefix=f"wal-{system}-")
+    workers = None
+    try:
+        adapter.install()
+        with psycopg.connect(dsn(db), autocommit=True) as c:
+            b0 = lsn(c)
+            time.sleep(1.0)
+            background = diff(c, lsn(c), b0)
+            ck0 = checkpoints(c)
+            l0 = lsn(c)
+            t0 = time.monotonic()
+            if path == "single":
+                adapter.enqueue_single(n)
+            else:
+                adapter.enqueue_bulk(n)
+            l1 = lsn(c)
+            c.execute("ANALYZE")
+            l2 = lsn(c)
+            tail = LogTail(log_dir)
+            workers = Workers(adapter.worker_commands(), worker_env(log_dir), os.path.join(log_dir, "workers.out"))
+            if not wait_for(tail, "d", n, workers, stall_s=60, poll_s=0.02):
+                raise RuntimeError(f"{system}: drain stalled at {tail.count('d')} of {n} jobs")
+            deadline = time.monotonic() + 60
+            while c.execute(adapter.pending_sql).fetchone()[0] != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{system}: jobs still pending 60 s after the last start")
+                time.sleep(0.01)
+            workers.stop()
+            workers = None
+            l3 = lsn(c)
+            seconds = time.monotonic() - t0
+            enqueue, drain = diff(c, l1, l0), diff(c, l3, l2)
+            return {"system": system, "path": path, "rep": rep, "n": n,
+                    "wal_bytes_per_job": (enqueue + drain) / n, "enqueue_bytes_per_job": enqueue / n,
+                    "drain_bytes_per_job": drain / n, "analyze_bytes": diff(c, l2, l1),
+                    "seconds": seconds, "background_bytes_per_s": background,
+                    "background_share": background * seconds / max(1, enqueue + drain),
+                    "checkpoints": checkpoints(c) - ck0}
+    finally:
+        if workers is not None:
+            workers.stop()
+        adapter.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="WAL bytes per job, enqueue to done, of one harness system")
+    ap.add_argument("harness", help="the harness folder (../shared/bench/peers/harness)")
+    ap.add_argument("system", help="a harness system, or leasequeue")
+    ap.add_argument("--n", type=int, default=10_000, help="jobs per measure (default 10000)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per path (default 3)")
+    ap.add_argument("--db-prefix", default="bench_",
+                    help="the database is PREFIX<system> (dropped and recreated; default bench_)")
+    ap.add_argument("--paths", default="single,bulk", help="enqueue paths to measure (default single,bulk)")
+    a = ap.parse_args(argv)
+    harness = os.path.abspath(a.harness)
+    sys.path.insert(0, harness)
+    import systems
+
+    systems.__path__.append(os.path.dirname(os.path.abspath(__file__)))
+    from run_peer import module_for
+
+    adapter_cls = importlib.import_module(module_for(a.system)).Adapter
+    paths = [p for p in a.paths.split(",") if p and (p != "bulk" or getattr(adapter_cls, "enqueue_bulk", None))]
+    summary: dict[str, Any] = {"system": a.system, "n": a.n, "reps": a.reps}
+    for path in paths:
+        runs = []
+        for rep in range(1, a.reps + 1):
+            r = measure(a.system, path, a.n, rep, a.db_prefix)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            runs.append(r)
+        summary[path] = {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
+                             "max": max(r[k] for r in runs)}
+                         for k in ("wal_bytes_per_job", "enqueue_bytes_per_job", "drain_bytes_per_job",
+                                   "background_bytes_per_s", "background_share")}
+        summary[path]["checkpoints"] = sum(r["checkpoints"] for r in runs)
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The ``wal`` section of ``bench/run.py``: WAL bytes per job, enqueue to done, for us and each peer.
+
+Every system runs through the same script, :mod:`bench.peer_adapter.wal_harness`, which drives the
+peers harness's own per-system code (``../shared/bench/peers/harness``, imported, not copied) and
+reads ``pg_current_wal_lsn()`` around the enqueue of N no-op jobs and around their drain (see its
+docstring for the method). Ours runs with the project's Python and the harness adapter
+``bench/peer_adapter/leasequeue_sys.py``; the peers with their own virtualenv. Paths: ``single``
+(one job per transaction, as the harness's single-enqueue row) and ``bulk`` (the system's batch
+API, where it has one).
+
+The WAL position is server-wide: nothing else should write on the server during the section. The
+table gives the background WAL rate measured just before each measure and the share of the figure
+it could account for, and the load average.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(BENCH, "peer_adapter", "wal_harness.py")
+SLOW_PEERS_N = 2000  # chancy and django-q2 drain at ~150 jobs/s here: fewer jobs (bytes are per job)
+
+
+def db_prefix(cfg: Any) -> str:
+    """Our databases of this section are ``<--db>_wal_<system>``: never the harness's ``bench_*``."""
+    return f"{cfg.db}_wal_"
+
+
+def run_wal(run: Any, cfg: Any, workdir: str) -> list[dict[str, Any]]:
+    """Measure every system (``leasequeue`` first, then ``cfg.peers``); return their summaries
+    (``{"system", "n", "single": {...}, "bulk": {...}}``, or ``{"system", "error": True}``).
+
+    ``run`` is the ``bench/run.py`` module (``log``, ``setup_peers_venv``, ``connect``, ``SLOW_PEERS``)."""
+    harness = os.path.join(cfg.peers_dir, "harness")
+    venv = os.environ.get("PEERS_VENV") or os.path.join(tempfile.gettempdir(), "leasequeue-peers-venv")
+    peers_py = os.path.join(venv, "bin", "python")
+    if cfg.peers and not os.path.exists(peers_py):
+        run.setup_peers_venv(cfg, venv)
+    # As run_peers: without this benchmark's own variables, so a peer never loads lqbench.settings.
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE" and not k.startswith("LQBENCH_")}
+    env["PEERS_PROCRASTINATE_CONCURRENCY"] = os.environ.get("PEERS_PROCRASTINATE_CONCURRENCY", "4")
+    systems = [("leasequeue", sys.executable)] + [(s, peers_py) for s in cfg.peers]
+    results = []
+    try:
+        for system, python in systems:
+            n = min(cfg.wal_n, run.SLOW_PEERS.get(system, cfg.wal_n))
+            cmd = [python, SCRIPT, harness, system, "--n", str(n), "--reps", str(cfg.peers_reps),
+                   "--db-prefix", db_prefix(cfg)]
+            run.log(f"wal: {system} ({n:,} jobs x {cfg.peers_reps} rep(s) per path; load {run.load_average()})")
+            with open(os.path.join(workdir, f"wal-{system}.log"), "w") as err:
+                proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+            if proc.returncode != 0 or line is None:
+                run.log(f"wal: {system} failed (exit {proc.returncode}); see {err.name}")
+                results.append({"system": system, "error": True})
+                continue
+            summary = json.loads(line)
+            summary["load"] = run.load_average()
+            for path in ("single", "bulk"):
+                if path in summary:
+                    run.log(f"wal: {system} {path}: {summary[path]['wal_bytes_per_job']['median']:,.0f} bytes/job")
+            results.append(summary)
+    finally:
+        if not cfg.keep:
+            with run.connect(os.environ.get("PG_MAINTENANCE_DB", "postgres")) as c:
+                for system, _ in systems:
+                    c.execute(f'DROP DATABASE IF EXISTS "{db_prefix(cfg)}{system.replace("-", "_")}" WITH (FORCE)')
+    return results
+
+
+def _cell(stats: dict[str, Any] | None, nd: int = 0) -> str:
+    if not stats:
+        return "n/a"
+    m, lo, hi = stats["median"], stats["min"], stats["max"]
+    return f"{m:,.{nd}f}" if lo == hi else f"{m:,.{nd}f} [{lo:,.{nd}f}-{hi:,.{nd}f}]"
+
+
+def report(results: list[dict[str, Any]], reps: int) -> list[str]:
+    """The WAL table as markdown lines: per system and path, bytes per job (median of the
+    repetitions [min-max]), its enqueue and drain parts, and the background WAL."""
+    w = [f"WAL bytes per job, enqueue to done (`pg_current_wal_lsn()` around the enqueue of N no-op jobs and "
+         f"around their drain, workers stopped; median of {reps} [min-max]). Server-wide position: the "
+         "background column is the WAL rate of everything else on the server just before each measure, and the "
+         "share of the figure it could explain. Lower is better.", "",
+         "| system | path | jobs | WAL bytes/job | enqueue part | drain part | background B/s (share) | checkpoints "
+         "| load |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    ours = next((r for r in results if r["system"] == "leasequeue" and not r.get("error")), None)
+    for r in results:
+        if r.get("error"):
+            w.append(f"| {r['system']} | error | | | | | | | |")
+            continue
+        for path in ("single", "bulk"):
+            s = r.get(path)
+            if not s:
+                continue
+            bg = s["background_share"]["median"]
+            w.append(f"| {r['system']} | {path} | {r['n']:,} | {_cell(s['wal_bytes_per_job'])} | "
+                     f"{_cell(s['enqueue_bytes_per_job'])} | {_cell(s['drain_bytes_per_job'])} | "
+                     f"{_cell(s['background_bytes_per_s'])} ({bg:.0%}) | {s['checkpoints']} | {r['load']} |")
+    if ours:
+        w += ["", "Ratio ours/peer, WAL bytes per job (lower is better: below 1.00 we write less):", "",
+              "| peer | single | bulk |", "|---|---|---|"]
+        for r in results:
+            if r is ours or r.get("error"):
+                continue
+            cells = []
+            for path in ("single", "bulk"):
+                a, b = ours.get(path), r.get(path)
+                cells.append("n/a" if not a or not b else
+                             f"{a['wal_bytes_per_job']['median'] / b['wal_bytes_per_job']['median']:.2f}")
+            w.append(f"| {r['system']} | {cells[0]} | {cells[1]} |")
+    return w

@@ -449,11 +449,18 @@ def _wal_lsn(c: psycopg.Connection) -> str:
     return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
-def c_wal_bytes(db: str, *spans: tuple[str, str]) -> int:
-    """Bytes of WAL in the (start, end) position spans, summed."""
+def c_wal_bytes(db: str, *spans: tuple[str, str]) -> tuple[int, str]:
+    """Bytes of WAL in the (start, end) position spans, summed, and their scope: ``"own"`` when read
+    back with pg_walinspect for database ``db`` only (see ``bench/peer_adapter/wal_harness.py``),
+    else ``"server"`` (the position difference: every database's writes count)."""
+    from peer_adapter.wal_harness import own_bytes
+
     with connect(db) as c:
+        own = own_bytes(c, list(spans))
+        if own is not None:
+            return own, "own"
         return sum(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0]
-                   for start, end in spans)
+                   for start, end in spans), "server"
 
 
 def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async_completions: bool,
@@ -467,6 +474,10 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
             from django_leasequeue import store
 
             store.queue_pause("default", by="bench")
+            try:  # pg_walinspect (contrib): this database's own WAL, not the whole server's
+                c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            except psycopg.Error:
+                pass
             wal0 = _wal_lsn(c)
             _bulk_enqueue(cfg.jobs)
             wal1 = _wal_lsn(c)
@@ -501,10 +512,10 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
         elapsed = (last - first).total_seconds()
         if done != cfg.jobs:
             raise RuntimeError(f"{label}: {done} of {cfg.jobs} jobs done")
-        wal = c_wal_bytes(db, (wal0, wal1), (wal2, wal3))
+        wal, wal_scope = c_wal_bytes(db, (wal0, wal1), (wal2, wal3))
         return {"jobs_per_s": done / elapsed, "seconds": elapsed, "jobs_per_claim": done / claims,
                 "jobs_per_completion_flush": done / flushes, "peak_rss_mb": max(rss) if rss else None,
-                "wal_bytes_per_job": wal / done}
+                "wal_bytes_per_job": wal / done, "wal_scope": wal_scope}
 
     if profile_to:
         return [one(0)]
@@ -1324,7 +1335,8 @@ def report(cfg: Config, results: dict) -> str:
           f"{' (ASYNC_COMPLETIONS)' if a else ''}, jobs/s | {spread(runs, 'jobs_per_s')} "
           f"(jobs/claim {spread(runs, 'jobs_per_claim', 1)}, jobs/completion flush "
           f"{spread(runs, 'jobs_per_completion_flush', 1)}, WAL bytes/job enqueue_many to done "
-          f"{spread(runs, 'wal_bytes_per_job')}) | {target} | {check} |")
+          f"{spread(runs, 'wal_bytes_per_job')}"
+          f"{'' if all(x.get('wal_scope') == 'own' for x in runs) else ' server-wide'}) | {target} | {check} |")
     for notify in (True, False):
         runs = results.get("latency", {}).get(notify)
         if runs:

@@ -21,6 +21,11 @@ For each repetition and each path, ``single`` (``enqueue_single``: one job per t
 WAL per job = ((L1 - L0) + (L3 - L2)) / N, split into its enqueue part and its drain part (worker
 start-up and shutdown writes included: they are each system's fixed cost, spread over N jobs).
 
+Where the ``pg_walinspect`` extension is available (a contrib module of PostgreSQL 15+; created in
+the measured database), the same spans are also read back record by record and only the database's
+own WAL is counted (``own_*``): records whose block references name the database, and the records
+of the same transactions (their commits). That figure does not count other sessions' writes.
+
 The WAL position is server-wide: anything else writing on the server during the measure is
 counted too. The script reads the background WAL rate in a 1 s window with no work of its own just
 before each measure and reports it (``background_bytes_per_s``) with the share of the figure it
@@ -54,6 +59,35 @@ def diff(c: Any, end: str, start: str) -> int:
     return int(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0])
 
 
+# WAL records of one database, read back with pg_walinspect: those whose block references name the
+# database (``rel <tablespace>/<database>/<relfilenode>``) and the records (commits) of the same
+# transactions. Each record counts the WAL space it takes (end - start: header, data, full-page
+# images, alignment).
+OWN_WAL = """
+WITH r AS (SELECT xid, end_lsn - start_lsn AS bytes, block_ref LIKE %(pattern)s AS ours
+           FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)),
+     x AS (SELECT DISTINCT xid FROM r WHERE ours AND xid <> 0)
+SELECT coalesce(sum(bytes), 0)::bigint FROM r WHERE ours OR xid IN (SELECT xid FROM x)
+"""
+OWN_WAL_MAX = 1 << 30  # read back at most 1 GiB of WAL per span (a busy shared server writes more)
+
+
+def own_bytes(c: Any, spans: list[tuple[str, str]]) -> int | None:
+    """Bytes of WAL written for the connection's database in the (start, end) spans, or None when
+    pg_walinspect is not installed in it, a span is too long, or its WAL was already recycled."""
+    oid = c.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+    pattern = f"%/{oid}/%"
+    total = 0
+    try:
+        for start, end in spans:
+            if diff(c, end, start) > OWN_WAL_MAX:
+                return None
+            total += int(c.execute(OWN_WAL, {"pattern": pattern, "start": start, "end": end}).fetchone()[0])
+    except Exception:  # no extension, WAL removed: the server-wide figure stands alone
+        return None
+    return total
+
+
 def checkpoints(c: Any) -> int:
     """Checkpoints the server has completed since its statistics were reset (timed and requested)."""
     return int(c.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()[0])
@@ -73,6 +107,10 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
     try:
         adapter.install()
         with psycopg.connect(dsn(db), autocommit=True) as c:
+            try:
+                c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            except psycopg.Error:
+                pass  # not available: own_bytes() returns None
             b0 = lsn(c)
             time.sleep(1.0)
             background = diff(c, lsn(c), b0)
@@ -100,9 +138,14 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             l3 = lsn(c)
             seconds = time.monotonic() - t0
             enqueue, drain = diff(c, l1, l0), diff(c, l3, l2)
+            own_enqueue, own_drain = own_bytes(c, [(l0, l1)]), own_bytes(c, [(l2, l3)])
+            own = None if own_enqueue is None or own_drain is None else own_enqueue + own_drain
             return {"system": system, "path": path, "rep": rep, "n": n,
                     "wal_bytes_per_job": (enqueue + drain) / n, "enqueue_bytes_per_job": enqueue / n,
                     "drain_bytes_per_job": drain / n, "analyze_bytes": diff(c, l2, l1),
+                    "own_wal_bytes_per_job": None if own is None else own / n,
+                    "own_enqueue_bytes_per_job": None if own_enqueue is None else own_enqueue / n,
+                    "own_drain_bytes_per_job": None if own_drain is None else own_drain / n,
                     "seconds": seconds, "background_bytes_per_s": background,
                     "background_share": background * seconds / max(1, enqueue + drain),
                     "checkpoints": checkpoints(c) - ck0}
@@ -111,6 +154,14 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             workers.stop()
         adapter.close()
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def stats(values: list[float | None]) -> dict[str, float] | None:
+    """Median, min and max of the values that are not None; None when there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,9 +190,9 @@ def main(argv: list[str] | None = None) -> None:
             r = measure(a.system, path, a.n, rep, a.db_prefix)
             print(json.dumps(r), file=sys.stderr, flush=True)
             runs.append(r)
-        summary[path] = {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
-                             "max": max(r[k] for r in runs)}
+        summary[path] = {k: stats([r[k] for r in runs])
                          for k in ("wal_bytes_per_job", "enqueue_bytes_per_job", "drain_bytes_per_job",
+                                   "own_wal_bytes_per_job", "own_enqueue_bytes_per_job", "own_drain_bytes_per_job",
                                    "background_bytes_per_s", "background_share")}
         summary[path]["checkpoints"] = sum(r["checkpoints"] for r in runs)
     print(json.dumps(summary), flush=True)

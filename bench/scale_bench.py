@@ -5,8 +5,12 @@ drains ``--scale-jobs`` no-op jobs with P ``runworker --concurrency 4`` processe
 PostgreSQL, P in ``--scale-processes`` (default 1, 2, 4, 8, 16, 32), then the same through a
 PgBouncer of our own in transaction mode (``--no-notify``: LISTEN needs a session). Per point:
 
-* jobs/s, from the first claim to the last completion, read from the database
-  (``count / (max(finished_at) - min(attempted_at))``), as the drain rows of ``bench/run.py``;
+* jobs/s with every worker claiming: the jobs finished after the last worker's first claim, over
+  the time from then to the last completion (database times). The workers start against a paused
+  queue, resumed once all are registered; with ``--no-notify`` each finds it at its next poll, up to
+  ``POLL_INTERVAL`` (1 s) apart, which would otherwise weigh on short drains. The whole drain's
+  rate (``count / (max(finished_at) - min(attempted_at))``, as the drain rows of ``bench/run.py``)
+  and the share of the jobs inside the steady window are reported too;
 * the claim statement's latency p50 / p99, timed in the workers (``bench/lqbench/apps.py``: a
   Django execute wrapper, on when ``LQBENCH_CLAIM_TIMES`` is set), over every claim of the drain;
 * the connections each worker process holds: its TCP sockets to the server (PostgreSQL or
@@ -214,6 +218,17 @@ def free_connections(c: Any) -> int:
     return max_conn - reserved - used - CONNECTION_MARGIN
 
 
+def table_tuples(c: Any) -> dict[str, int]:
+    """The job table's row versions since the database was created from its (empty) template:
+    inserted, updated (and of those, HOT), deleted, dead now; and its size with indexes in bytes
+    (the table was empty in the template: the figures are the drain's, enqueue included)."""
+    row = c.execute(
+        "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, autovacuum_count, "
+        "pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE relname = 'leasequeue_job'").fetchone()
+    keys = ("inserted", "updated", "hot_updated", "deleted", "dead", "autovacuums", "table_bytes")
+    return dict(zip(keys, (int(v or 0) for v in row), strict=True))
+
+
 def drain_point(run: Any, cfg: Any, dbs: Any, point: Point, workdir: str, rep: int) -> dict[str, Any]:
     """Drain ``point.jobs`` no-op jobs with ``point.processes`` x :data:`THREADS` workers; return the
     figures of one run (see the module docstring). ``run`` is the ``bench/run.py`` module (its
@@ -274,6 +289,15 @@ def drain_point(run: Any, cfg: Any, dbs: Any, point: Point, workdir: str, rep: i
         done, first, last, attempts = c.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at), sum(attempts) "
             "FROM leasequeue_job").fetchone()
+        # Steady state: from the moment the last worker made its first claim (with --no-notify the
+        # workers find the resumed queue at their next poll, up to POLL_INTERVAL apart) to the last
+        # completion, the jobs finished in between.
+        active_from, claimers, steady_done = c.execute(
+            "WITH w AS (SELECT leased_by, min(attempted_at) AS first FROM leasequeue_job GROUP BY leased_by) "
+            "SELECT (SELECT max(first) FROM w), (SELECT count(*) FROM w), "
+            "count(*) FILTER (WHERE finished_at > (SELECT max(first) FROM w)) FROM leasequeue_job").fetchone()
+        time.sleep(1.0)  # the backends' table statistics reach the shared counters within a second
+        tuples = table_tuples(c)
     if done != point.jobs or attempts != point.jobs:
         raise RuntimeError(f"{label}: {done} of {point.jobs} jobs done in {attempts} attempts")
     claims = []
@@ -282,13 +306,18 @@ def drain_point(run: Any, cfg: Any, dbs: Any, point: Point, workdir: str, rep: i
             claims += [float(line) * 1000.0 for line in f if line.strip()]
     server_ticks = sum(end - start for start, end in backends.values())
     per_k = 1000.0 / point.jobs / CLK_TCK
-    return {"jobs_per_s": done / (last - first).total_seconds(), "seconds": (last - first).total_seconds(),
+    steady_s = (last - active_from).total_seconds()
+    whole = done / (last - first).total_seconds()
+    return {"jobs_per_s": steady_done / steady_s if steady_s > 0 and steady_done > 0 else whole,
+            "drain_jobs_per_s": whole, "seconds": (last - first).total_seconds(),
+            "steady_share": steady_done / done, "workers_claimed": claimers,
             "claims": len(claims), "jobs_per_claim": done / len(claims) if claims else None,
             "claim_p50_ms": run.percentile(claims, 50) if claims else None,
             "claim_p99_ms": run.percentile(claims, 99) if claims else None,
             "conns_per_worker_max": max(max_conns), "conns_per_worker_min": min(max_conns),
             "server_conns_max": max_server, "server_cpu_s_per_1k": server_ticks * per_k,
-            "worker_cpu_s_per_1k": worker_ticks * per_k, "load": run.load_average()}
+            "worker_cpu_s_per_1k": worker_ticks * per_k, "load": run.load_average(),
+            **{f"{k}_per_job": v / point.jobs for k, v in tuples.items()}}
 
 
 def bench_scale(run: Any, cfg: Any, dbs: Any, workdir: str) -> dict[str, Any]:
@@ -403,20 +432,31 @@ def report(results: dict[str, Any], reps: int) -> list[str]:
         if "error" in points:
             w += [f"not run: {points['error']}", ""]
             continue
-        w.append("| processes | jobs/s | claim p50 ms | claim p99 ms | jobs/claim | conns per worker | server conns | "
+        w.append("| processes | jobs/s, all workers claiming | whole drain jobs/s (share of jobs in the steady "
+                 "window) | claim p50 ms | claim p99 ms | jobs/claim | conns per worker | server conns | "
                  "server CPU s/1k jobs | worker CPU s/1k jobs | load |")
-        w.append("|---|---|---|---|---|---|---|---|---|---|")
+        w.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for p, runs in sorted(points.items(), key=lambda x: int(x[0])):
             if isinstance(runs, dict):
-                w.append(f"| {p} | not run: {runs['skipped']} | | | | | | | | |")
+                w.append(f"| {p} | not run: {runs['skipped']} | | | | | | | | | |")
                 continue
-            w.append(f"| {p} | {_spread(runs, 'jobs_per_s')} | {_spread(runs, 'claim_p50_ms', 2)} | "
+            w.append(f"| {p} | {_spread(runs, 'jobs_per_s')} | {_spread(runs, 'drain_jobs_per_s')} "
+                     f"({_spread(runs, 'steady_share', 2)}) | {_spread(runs, 'claim_p50_ms', 2)} | "
                      f"{_spread(runs, 'claim_p99_ms', 2)} | {_spread(runs, 'jobs_per_claim', 1)} | "
                      f"{_spread(runs, 'conns_per_worker_max')} | "
                      f"{_spread(runs, 'server_conns_max')} | {_spread(runs, 'server_cpu_s_per_1k', 3)} | "
                      f"{_spread(runs, 'worker_cpu_s_per_1k', 3)} | {runs[-1]['load']} |")
         ok, why = collapse_verdict(points)
         w += ["", f"Verdict ({mode}): {why}", ""]
+        first = next((runs for _, runs in sorted(points.items(), key=lambda x: int(x[0]))
+                      if isinstance(runs, list) and runs and "updated_per_job" in runs[0]), None)
+        if first:
+            w += [f"Vacuum load ({mode}, {len(first)} run(s) of the smallest point), per job: "
+                  f"row versions inserted {_spread(first, 'inserted_per_job', 2)}, updated "
+                  f"{_spread(first, 'updated_per_job', 2)} (HOT {_spread(first, 'hot_updated_per_job', 2)}), dead at "
+                  f"the end {_spread(first, 'dead_per_job', 2)}; job table with its indexes "
+                  f"{_spread(first, 'table_bytes_per_job')} bytes per job; autovacuum runs during the point "
+                  f"{_spread(first, 'autovacuums_per_job', 5)} per job.", ""]
     return w
 
 

@@ -92,7 +92,8 @@ def test_collapse_verdict_compares_the_largest_count_with_the_peak():
 
 
 def test_scale_report_shows_skipped_points_and_the_verdict():
-    point = {"jobs_per_s": 5000.0, "drain_jobs_per_s": 4000.0, "steady_share": 0.9, "claim_p50_ms": 1.0, "claim_p99_ms": 4.0, "jobs_per_claim": 10.0,
+    point = {"jobs_per_s": 5000.0, "drain_jobs_per_s": 4000.0, "steady_share": 0.9,
+             "claim_p50_ms": 1.0, "claim_p99_ms": 4.0, "jobs_per_claim": 10.0,
              "conns_per_worker_max": 5, "server_conns_max": 6, "server_cpu_s_per_1k": 0.1,
              "worker_cpu_s_per_1k": 0.06, "load": "1.00 1.00 1.00"}
     results = {"options": {"jobs": 2000, "pool_size": 20, "processes": [1, 2, 32]},

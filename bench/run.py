@@ -1476,7 +1476,7 @@ def report(cfg: Config, results: dict) -> str:
         w("")
         out.extend(scale_bench.report(results["scale"], cfg.reps))
         if results.get("scale_plot"):
-            w(f"![scale curve]({'img/scale.png' if cfg.write_docs else results['scale_plot']})")
+            w(f"![scale curve]({'../img/scale.png' if cfg.write_docs else results['scale_plot']})")
     if results.get("wal_skipped"):
         w("")
         w(f"wal: skipped ({results['wal_skipped']})")

@@ -100,14 +100,16 @@ def report(results: list[dict[str, Any]], reps: int) -> list[str]:
          "transactions, read back with pg_walinspect (other sessions' writes excluded); *server-wide*: "
          "`pg_current_wal_lsn()` difference, which also counts whatever else wrote on the server: the background "
          "column is that rate just before each measure, and the share of the server-wide figure it could explain. "
-         "Checkpoints inside a measure add full-page images. Lower is better.", "",
+         "Checkpoints inside a measure add full-page images. *PostgreSQL CPU*: CPU time of the backends serving "
+         "the system's database, enqueue to done (of which the enqueue), µs per job (`/proc`; background "
+         "processes not counted). Lower is better.", "",
          "| system | path | jobs | WAL bytes/job, own database | enqueue / drain part | server-wide | "
-         "background B/s (share) | checkpoints | load |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "PostgreSQL CPU µs/job (enqueue) | background B/s (share) | checkpoints | load |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     ours = next((r for r in results if r["system"] == "leasequeue" and not r.get("error")), None)
     for r in results:
         if r.get("error"):
-            w.append(f"| {r['system']} | error | | | | | | | |")
+            w.append(f"| {r['system']} | error | | | | | | | | |")
             continue
         for path in ("single", "bulk"):
             s = r.get(path)
@@ -116,7 +118,8 @@ def report(results: list[dict[str, Any]], reps: int) -> list[str]:
             bg = s["background_share"]["median"]
             w.append(f"| {r['system']} | {path} | {r['n']:,} | {_cell(s.get('own_wal_bytes_per_job'))} | "
                      f"{_cell(s.get('own_enqueue_bytes_per_job'))} / {_cell(s.get('own_drain_bytes_per_job'))} | "
-                     f"{_cell(s['wal_bytes_per_job'])} | "
+                     f"{_cell(s['wal_bytes_per_job'])} | {_cell(s.get('server_cpu_us_per_job'))} "
+                     f"({_cell(s.get('server_cpu_enqueue_us_per_job'))}) | "
                      f"{_cell(s['background_bytes_per_s'])} ({bg:.0%}) | {s['checkpoints']} | {r['load']} |")
     if ours:
         w += ["", "Ratio ours/peer, WAL bytes per job (own database where measured; lower is better: below 1.00 "

@@ -114,16 +114,18 @@ def test_wal_report_prefers_the_own_database_figure_for_the_ratio():
         path = {"wal_bytes_per_job": stats(server), "enqueue_bytes_per_job": stats(server / 2),
                 "drain_bytes_per_job": stats(server / 2), "own_wal_bytes_per_job": own and stats(own),
                 "own_enqueue_bytes_per_job": own and stats(own / 2), "own_drain_bytes_per_job": own and stats(own / 2),
+                "server_cpu_us_per_job": stats(150.0), "server_cpu_enqueue_us_per_job": stats(50.0),
                 "background_bytes_per_s": stats(0), "background_share": stats(0.0), "checkpoints": 0}
         return {"system": system, "n": 1000, "single": path, "load": "1.00 1.00 1.00"}
 
     results = [summary("leasequeue", 1400.0, 90_000.0), summary("peer-a", 2800.0, 3000.0),
                summary("peer-b", None, 7000.0), {"system": "peer-c", "error": True}]
     text = "\n".join(wal_bench.report(results, 3))
-    assert "| leasequeue | single | 1,000 | 1,400 | 700 / 700 | 90,000 | 0 (0%) | 0 | 1.00 1.00 1.00 |" in text
+    assert ("| leasequeue | single | 1,000 | 1,400 | 700 / 700 | 90,000 | 150 (50) | 0 (0%) | 0 | 1.00 1.00 1.00 |"
+            in text)
     assert "| peer-a | 0.50 | n/a |" in text
     assert "| peer-b | 0.20 | n/a |" in text  # no own figure: the server-wide one
-    assert "| peer-c | error | | | | | | | |" in text
+    assert "| peer-c | error | | | | | | | | |" in text
 
 
 @pytest.mark.django_db(transaction=True)

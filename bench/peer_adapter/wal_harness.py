@@ -26,6 +26,11 @@ the measured database), the same spans are also read back record by record and o
 own WAL is counted (``own_*``): records whose block references name the database, and the records
 of the same transactions (their commits). That figure does not count other sessions' writes.
 
+The same measure reads the CPU time of the PostgreSQL backends serving the database (``/proc``,
+PostgreSQL on this machine), enqueue to done and for the enqueue alone, in microseconds per job
+(``server_cpu_us_per_job``): the server's cost per job, for a capacity estimate. Background
+processes (autovacuum, the checkpointer, the WAL writer) are not counted.
+
 The WAL position is server-wide: anything else writing on the server during the measure is
 counted too. The script reads the background WAL rate in a 1 s window with no work of its own just
 before each measure and reports it (``background_bytes_per_s``) with the share of the figure it
@@ -45,8 +50,11 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def lsn(c: Any) -> str:
@@ -81,11 +89,69 @@ def own_bytes(c: Any, spans: list[tuple[str, str]]) -> int | None:
     try:
         for start, end in spans:
             if diff(c, end, start) > OWN_WAL_MAX:
+                print(f"own WAL not read back: {diff(c, end, start):,} bytes of WAL in the span", file=sys.stderr)
                 return None
             total += int(c.execute(OWN_WAL, {"pattern": pattern, "start": start, "end": end}).fetchone()[0])
-    except Exception:  # no extension, WAL removed: the server-wide figure stands alone
+    except Exception as e:  # no extension, WAL removed: the server-wide figure stands alone
+        print(f"own WAL not read back: {type(e).__name__}: {str(e).strip()}", file=sys.stderr, flush=True)
         return None
     return total
+
+
+class BackendCpu(threading.Thread):
+    """CPU time (``utime + stime`` of ``/proc/<pid>/stat``) of the PostgreSQL backends serving one
+    database, but ``exclude`` (the measuring connections), sampled every 0.1 s from a thread with a
+    connection of its own. A backend first seen after the first sample counts from zero (it was
+    born during the measure); one that exits counts up to its last sample. Needs PostgreSQL on this
+    machine: elsewhere :meth:`ticks` is None."""
+
+    def __init__(self, db_dsn: str, exclude: set[int]) -> None:
+        super().__init__(daemon=True)
+        self.dsn = db_dsn
+        self.exclude = set(exclude)
+        self.seen: dict[int, tuple[int, int]] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.readable = True
+        self.first = True
+
+    def sample(self, c: Any) -> None:
+        """Read the backends' CPU now (with connection ``c``, whose backend is excluded too)."""
+        rows = c.execute("SELECT pid, pg_backend_pid() FROM pg_stat_activity "
+                         "WHERE datname = current_database()").fetchall()
+        with self.lock:
+            for pid, me in rows:
+                if pid in self.exclude or pid == me:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except FileNotFoundError:
+                    continue
+                except PermissionError:
+                    self.readable = False
+                    continue
+                ticks = int(fields[11]) + int(fields[12])
+                start = self.seen[pid][0] if pid in self.seen else (ticks if self.first else 0)
+                self.seen[pid] = (start, ticks)
+            self.first = False
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            while not self.stopping.is_set():
+                self.sample(c)
+                self.stopping.wait(0.1)
+
+    def ticks(self) -> int | None:
+        """Clock ticks used so far by the backends seen."""
+        with self.lock:
+            return sum(end - start for start, end in self.seen.values()) if self.readable else None
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
 
 
 def checkpoints(c: Any) -> int:
@@ -115,6 +181,9 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             time.sleep(1.0)
             background = diff(c, lsn(c), b0)
             ck0 = checkpoints(c)
+            cpu = BackendCpu(dsn(db), {c.info.backend_pid})
+            cpu.sample(c)
+            cpu.start()
             l0 = lsn(c)
             t0 = time.monotonic()
             if path == "single":
@@ -122,6 +191,10 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             else:
                 adapter.enqueue_bulk(n)
             l1 = lsn(c)
+            cpu.sample(c)
+            cpu_enqueue = cpu.ticks()
+            # Read back at once: a busy server recycles its WAL segments within minutes.
+            own_enqueue = own_bytes(c, [(l0, l1)])
             c.execute("ANALYZE")
             l2 = lsn(c)
             tail = LogTail(log_dir)
@@ -133,12 +206,15 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{system}: jobs still pending 60 s after the last start")
                 time.sleep(0.01)
+            cpu.sample(c)
             workers.stop()
             workers = None
+            cpu.stop()
             l3 = lsn(c)
+            cpu_total = cpu.ticks()
             seconds = time.monotonic() - t0
             enqueue, drain = diff(c, l1, l0), diff(c, l3, l2)
-            own_enqueue, own_drain = own_bytes(c, [(l0, l1)]), own_bytes(c, [(l2, l3)])
+            own_drain = own_bytes(c, [(l2, l3)])
             own = None if own_enqueue is None or own_drain is None else own_enqueue + own_drain
             return {"system": system, "path": path, "rep": rep, "n": n,
                     "wal_bytes_per_job": (enqueue + drain) / n, "enqueue_bytes_per_job": enqueue / n,
@@ -146,6 +222,8 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
                     "own_wal_bytes_per_job": None if own is None else own / n,
                     "own_enqueue_bytes_per_job": None if own_enqueue is None else own_enqueue / n,
                     "own_drain_bytes_per_job": None if own_drain is None else own_drain / n,
+                    "server_cpu_us_per_job": None if cpu_total is None else cpu_total / CLK_TCK / n * 1e6,
+                    "server_cpu_enqueue_us_per_job": None if cpu_enqueue is None else cpu_enqueue / CLK_TCK / n * 1e6,
                     "seconds": seconds, "background_bytes_per_s": background,
                     "background_share": background * seconds / max(1, enqueue + drain),
                     "checkpoints": checkpoints(c) - ck0}
@@ -193,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         summary[path] = {k: stats([r[k] for r in runs])
                          for k in ("wal_bytes_per_job", "enqueue_bytes_per_job", "drain_bytes_per_job",
                                    "own_wal_bytes_per_job", "own_enqueue_bytes_per_job", "own_drain_bytes_per_job",
+                                   "server_cpu_us_per_job", "server_cpu_enqueue_us_per_job",
                                    "background_bytes_per_s", "background_share")}
         summary[path]["checkpoints"] = sum(r["checkpoints"] for r in runs)
     print(json.dumps(summary), flush=True)

@@ -296,7 +296,11 @@ def drain_point(run: Any, cfg: Any, dbs: Any, point: Point, workdir: str, rep: i
             "WITH w AS (SELECT leased_by, min(attempted_at) AS first FROM leasequeue_job GROUP BY leased_by) "
             "SELECT (SELECT max(first) FROM w), (SELECT count(*) FROM w), "
             "count(*) FILTER (WHERE finished_at > (SELECT max(first) FROM w)) FROM leasequeue_job").fetchone()
-        time.sleep(1.0)  # the backends' table statistics reach the shared counters within a second
+        # A backend publishes its table statistics at exit, or within 10 s when idle: PgBouncer keeps
+        # its server connections open, so end them (ours only) and read the counters after.
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND pid <> pg_backend_pid()")
+        time.sleep(1.0)
         tuples = table_tuples(c)
     if done != point.jobs or attempts != point.jobs:
         raise RuntimeError(f"{label}: {done} of {point.jobs} jobs done in {attempts} attempts")

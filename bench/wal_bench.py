@@ -91,6 +91,25 @@ def figure(summary: dict[str, Any], path: str) -> float | None:
     return float(best["median"])
 
 
+def capacity(ours: dict[str, Any]) -> list[str]:
+    """The capacity model's figures from our measures (docs/howto/performance.md, "Capacity model"):
+    per path, jobs per day that one fully busy PostgreSQL core serves (86,400 s over the backends'
+    CPU seconds per job, enqueue to done) and the WAL per million jobs."""
+    w = ["Capacity, from the figures above (django-leasequeue; arithmetic on the medians, one PostgreSQL core "
+         "fully busy, no other work on it):", ""]
+    for path, what in (("single", "one `enqueue()` per transaction"), ("bulk", "`enqueue_many()`")):
+        s = ours.get(path)
+        if not s:
+            continue
+        cpu = (s.get("server_cpu_us_per_job") or {}).get("median")
+        wal = figure(ours, path)
+        per_day = f"{86_400 / (cpu / 1e6) / 1e6:,.0f} million jobs per day per core ({cpu:,.0f} µs of backend CPU " \
+                  "per job)" if cpu else "n/a (backend CPU not readable)"
+        w.append(f"- {what}, then drained: {per_day}; WAL {wal * 1e6 / 1e9:,.2f} GB per million jobs." if wal
+                 else f"- {what}: {per_day}.")
+    return w
+
+
 def report(results: list[dict[str, Any]], reps: int) -> list[str]:
     """The WAL table as markdown lines: per system and path, bytes per job (median of the
     repetitions [min-max]) of the system's own database (pg_walinspect) and server-wide, the enqueue
@@ -121,6 +140,8 @@ def report(results: list[dict[str, Any]], reps: int) -> list[str]:
                      f"{_cell(s['wal_bytes_per_job'])} | {_cell(s.get('server_cpu_us_per_job'))} "
                      f"({_cell(s.get('server_cpu_enqueue_us_per_job'))}) | "
                      f"{_cell(s['background_bytes_per_s'])} ({bg:.0%}) | {s['checkpoints']} | {r['load']} |")
+    if ours:
+        w += ["", *capacity(ours)]
     if ours:
         w += ["", "Ratio ours/peer, WAL bytes per job (own database where measured; lower is better: below 1.00 "
               "we write less):", "", "| peer | single | bulk |", "|---|---|---|"]

@@ -64,7 +64,9 @@ def run_wal(run: Any, cfg: Any, workdir: str) -> list[dict[str, Any]]:
             summary["load"] = run.load_average()
             for path in ("single", "bulk"):
                 if path in summary:
-                    run.log(f"wal: {system} {path}: {summary[path]['wal_bytes_per_job']['median']:,.0f} bytes/job")
+                    own = (summary[path].get("own_wal_bytes_per_job") or {}).get("median")
+                    run.log(f"wal: {system} {path}: {own or 0:,.0f} bytes/job own database, "
+                            f"{summary[path]['wal_bytes_per_job']['median']:,.0f} server-wide")
             results.append(summary)
     finally:
         if not cfg.keep:

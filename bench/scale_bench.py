@@ -215,7 +215,7 @@ def free_connections(c: Any) -> int:
     max_conn, reserved, used = c.execute(
         "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int, "
         "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')").fetchone()
-    return max_conn - reserved - used - CONNECTION_MARGIN
+    return int(max_conn - reserved - used - CONNECTION_MARGIN)
 
 
 def table_tuples(c: Any) -> dict[str, int]:

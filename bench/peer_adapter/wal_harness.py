@@ -202,7 +202,7 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             if not wait_for(tail, "d", n, workers, stall_s=60, poll_s=0.02):
                 raise RuntimeError(f"{system}: drain stalled at {tail.count('d')} of {n} jobs")
             deadline = time.monotonic() + 60
-            while c.execute(adapter.pending_sql).fetchone()[0] != 0:
+            while (c.execute(adapter.pending_sql).fetchone() or (0,))[0] != 0:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{system}: jobs still pending 60 s after the last start")
                 time.sleep(0.01)

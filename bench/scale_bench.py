@@ -364,8 +364,13 @@ def bench_scale(run: Any, cfg: Any, dbs: Any, workdir: str) -> dict[str, Any]:
                             run.log(f"scale direct {processes}x{THREADS}: not run: {reason}")
                             out[mode][str(processes)] = {"skipped": reason}
                             break
-                    res = drain_point(run, cfg, dbs, Point(mode, processes, opts["jobs"], port, env, args),
-                                      workdir, rep)
+                    try:
+                        res = drain_point(run, cfg, dbs, Point(mode, processes, opts["jobs"], port, env, args),
+                                          workdir, rep)
+                    except RuntimeError as e:  # a worker died, the drain stalled: the other points still run
+                        run.log(f"scale {mode} {processes}x{THREADS} rep {rep}: failed: {e}")
+                        out[mode][str(processes)] = {"skipped": f"failed: {str(e).splitlines()[0][:200]}"}
+                        break
                     per_worker = max(per_worker, res["conns_per_worker_max"]) if mode == "direct" else per_worker
                     run.log(f"scale {mode} {processes}x{THREADS} rep {rep}/{cfg.reps}: "
                             f"{res['jobs_per_s']:,.0f} jobs/s, "

@@ -59,7 +59,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The scale section's options, added to ``bench/run.py``'s parser."""
     ap.add_argument("--scale-processes", help="worker process counts of the scale curve (default "
                     "1,2,4,8,16,32; quick: 1,2,4)")
-    ap.add_argument("--scale-jobs", type=int, help="jobs per scale point (default 30000; quick: 2000)")
+    ap.add_argument("--scale-jobs", type=int, help="jobs per scale point (default 50000; quick: 2000)")
     ap.add_argument("--scale-no-pgbouncer", action="store_true", help="scale curve: direct connections only")
     ap.add_argument("--scale-pool-size", type=int, default=20,
                     help="scale curve: PgBouncer default_pool_size (server connections; default 20)")
@@ -73,7 +73,7 @@ def options(a: argparse.Namespace, quick: bool) -> dict[str, Any]:
         processes = [1, 2, 4] if quick else [1, 2, 4, 8, 16, 32]
     if not processes or min(processes) < 1:
         raise SystemExit("--scale-processes: positive integers, comma-separated")
-    return {"processes": sorted(set(processes)), "jobs": a.scale_jobs or (2000 if quick else 30_000),
+    return {"processes": sorted(set(processes)), "jobs": a.scale_jobs or (2000 if quick else 50_000),
             "pgbouncer": not a.scale_no_pgbouncer, "pool_size": a.scale_pool_size}
 
 

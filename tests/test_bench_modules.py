@@ -35,7 +35,7 @@ def test_run_parses_the_scale_and_wal_options():
     assert done.returncode == 0, done.stderr
     sections, full, wal_n, quick, quick_wal_n = json.loads(done.stdout)
     assert sections == ["scale", "wal"]
-    assert full == {"processes": [1, 2, 4, 8, 16, 32], "jobs": 30_000, "pgbouncer": True, "pool_size": 20}
+    assert full == {"processes": [1, 2, 4, 8, 16, 32], "jobs": 50_000, "pgbouncer": True, "pool_size": 20}
     assert wal_n == 10_000
     assert quick == {"processes": [1, 8], "jobs": 2000, "pgbouncer": False, "pool_size": 20}
     assert quick_wal_n == 1000

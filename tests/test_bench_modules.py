@@ -152,3 +152,31 @@ def test_own_bytes_counts_this_database_writes_and_not_another_one():
         assert wal_harness.diff(c, end2, start2) >= 100_000
         assert wal_harness.own_bytes(c, [(start2, end2)]) == 0
         c.execute("DROP TABLE wal_probe")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_own_wal_reads_phases_as_they_are_written_and_skips_a_jumped_span():
+    params = {k: v for k, v in connection.get_connection_params().items() if k != "cursor_factory"}
+    with psycopg.connect(**params, autocommit=True) as c:
+        try:
+            c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        except psycopg.Error as e:
+            pytest.skip(f"pg_walinspect is not available: {e}")
+        c.execute("CREATE TABLE IF NOT EXISTS wal_probe (a int)")
+        dsn = psycopg.conninfo.make_conninfo(**{k: str(params[k]) for k in ("dbname", "user", "password", "host",
+                                                                            "port") if params.get(k)})
+        own = wal_harness.OwnWal(dsn, c, wal_harness.lsn(c))
+        own.start()
+        try:
+            c.execute("INSERT INTO wal_probe SELECT generate_series(1, 1000)")
+            first = own.mark(c, wal_harness.lsn(c))
+            assert first is not None and 50_000 <= first <= 200_000
+            c.execute("INSERT INTO wal_probe SELECT generate_series(1, 5000)")  # skipped by the jump
+            own.jump(wal_harness.lsn(c))
+            c.execute("INSERT INTO wal_probe SELECT generate_series(1, 1000)")
+            second = own.mark(c, wal_harness.lsn(c))
+        finally:
+            own.stop()
+        assert own.error is None
+        assert second is not None and 50_000 <= second - first <= 200_000
+        c.execute("DROP TABLE wal_probe")

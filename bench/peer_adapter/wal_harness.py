@@ -98,6 +98,88 @@ def own_bytes(c: Any, spans: list[tuple[str, str]]) -> int | None:
     return total
 
 
+# One step of OwnWal: this database's WAL bytes in the span and where the span's last record ends.
+OWN_WAL_STEP = """
+WITH r AS (SELECT xid, start_lsn, end_lsn, block_ref LIKE %(pattern)s AS ours
+           FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)),
+     x AS (SELECT DISTINCT xid FROM r WHERE ours AND xid <> 0)
+SELECT coalesce(sum(end_lsn - start_lsn) FILTER (WHERE ours OR xid IN (SELECT xid FROM x)), 0)::bigint,
+       max(end_lsn)::text
+FROM r
+"""
+
+
+class OwnWal(threading.Thread):
+    """This database's own WAL (see :data:`OWN_WAL`), read back as it is written: a busy server
+    recycles its WAL segments after each checkpoint, which can come within seconds, so a thread
+    with a connection of its own reads what was flushed every second while :attr:`active`. Each
+    step starts where the previous step's last record ended (a record that straddles a step's end
+    is read whole by the next step). :meth:`mark` ends a phase at an exact position; :meth:`jump`
+    skips a span (the ANALYZE between enqueue and drain). :attr:`error` says why the figure is
+    missing (no pg_walinspect, WAL already recycled)."""
+
+    def __init__(self, db_dsn: str, c: Any, start: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = db_dsn
+        oid = c.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        self.pattern = f"%/{oid}/%"
+        self.pos = start
+        self.total = 0
+        self.error: str | None = None
+        self.active = True
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def _step(self, c: Any, limit: str | None) -> None:
+        if self.error is not None:
+            return
+        try:
+            flush = c.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+            end = flush if limit is None or diff(c, flush, limit) < 0 else limit
+            if diff(c, end, self.pos) <= 0:
+                return
+            own, last = c.execute(OWN_WAL_STEP, {"pattern": self.pattern, "start": self.pos, "end": end}).fetchone()
+        except Exception as e:  # no extension, WAL removed: the server-wide figure stands alone
+            self.error = f"{type(e).__name__}: {str(e).strip()}"
+            print(f"own WAL not read back: {self.error}", file=sys.stderr, flush=True)
+            return
+        self.total += int(own)
+        if last is not None:
+            self.pos = last
+
+    def mark(self, c: Any, end: str) -> int | None:
+        """Stop the thread's reading, read up to ``end`` (once the server has flushed it) with
+        connection ``c``; return the bytes counted so far, or None after an error."""
+        with self.lock:
+            self.active = False
+            deadline = time.monotonic() + 10
+            while diff(c, c.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0], end) < 0:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            self._step(c, end)
+            return None if self.error else self.total
+
+    def jump(self, position: str) -> None:
+        """Go on counting from ``position`` (the span before it is left out) and resume the thread."""
+        with self.lock:
+            self.pos = position
+            self.active = True
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            while not self.stopping.wait(1.0):
+                with self.lock:
+                    if self.active:
+                        self._step(c, None)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
 class BackendCpu(threading.Thread):
     """CPU time (``utime + stime`` of ``/proc/<pid>/stat``) of the PostgreSQL backends serving one
     database, but ``exclude`` (the measuring connections), sampled every 0.1 s from a thread with a
@@ -185,6 +267,8 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             cpu.sample(c)
             cpu.start()
             l0 = lsn(c)
+            own_wal = OwnWal(dsn(db), c, l0)
+            own_wal.start()
             t0 = time.monotonic()
             if path == "single":
                 adapter.enqueue_single(n)
@@ -193,10 +277,10 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             l1 = lsn(c)
             cpu.sample(c)
             cpu_enqueue = cpu.ticks()
-            # Read back at once: a busy server recycles its WAL segments within minutes.
-            own_enqueue = own_bytes(c, [(l0, l1)])
+            own_enqueue = own_wal.mark(c, l1)
             c.execute("ANALYZE")
             l2 = lsn(c)
+            own_wal.jump(l2)
             tail = LogTail(log_dir)
             workers = Workers(adapter.worker_commands(), worker_env(log_dir), os.path.join(log_dir, "workers.out"))
             if not wait_for(tail, "d", n, workers, stall_s=60, poll_s=0.02):
@@ -212,10 +296,12 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             cpu.stop()
             l3 = lsn(c)
             cpu_total = cpu.ticks()
+            own_all = own_wal.mark(c, l3)
+            own_wal.stop()
             seconds = time.monotonic() - t0
             enqueue, drain = diff(c, l1, l0), diff(c, l3, l2)
-            own_drain = own_bytes(c, [(l2, l3)])
-            own = None if own_enqueue is None or own_drain is None else own_enqueue + own_drain
+            own = own_all
+            own_drain = None if own_all is None or own_enqueue is None else own_all - own_enqueue
             return {"system": system, "path": path, "rep": rep, "n": n,
                     "wal_bytes_per_job": (enqueue + drain) / n, "enqueue_bytes_per_job": enqueue / n,
                     "drain_bytes_per_job": drain / n, "analyze_bytes": diff(c, l2, l1),

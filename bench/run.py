@@ -449,18 +449,24 @@ def _wal_lsn(c: psycopg.Connection) -> str:
     return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
-def c_wal_bytes(db: str, *spans: tuple[str, str]) -> tuple[int, str]:
-    """Bytes of WAL in the (start, end) position spans, summed, and their scope: ``"own"`` when read
-    back with pg_walinspect for database ``db`` only (see ``bench/peer_adapter/wal_harness.py``),
-    else ``"server"`` (the position difference: every database's writes count)."""
-    from peer_adapter.wal_harness import own_bytes
+def _own_wal(db: str, c: psycopg.Connection, start: str):
+    """A running :class:`peer_adapter.wal_harness.OwnWal` for database ``db`` from ``start``: its
+    own WAL, read back with pg_walinspect while it is written."""
+    from peer_adapter.wal_harness import OwnWal
 
-    with connect(db) as c:
-        own = own_bytes(c, list(spans))
-        if own is not None:
-            return own, "own"
-        return sum(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0]
-                   for start, end in spans), "server"
+    own = OwnWal(psycopg.conninfo.make_conninfo(dbname=db, **{k: v for k, v in PG.items() if v}), c, start)
+    own.start()
+    return own
+
+
+def c_wal_bytes(c: psycopg.Connection, own: int | None, *spans: tuple[str, str]) -> tuple[int, str]:
+    """The WAL bytes to report and their scope: ``own`` (bytes of the database's own WAL, or None
+    when pg_walinspect could not read them) as ``"own"``, else the position differences of the
+    (start, end) spans, summed, as ``"server"`` (every database's writes count)."""
+    if own is not None:
+        return own, "own"
+    return sum(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0]
+               for start, end in spans), "server"
 
 
 def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async_completions: bool,
@@ -479,10 +485,13 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
             except psycopg.Error:
                 pass
             wal0 = _wal_lsn(c)
+            own_wal = _own_wal(db, c, wal0)
             _bulk_enqueue(cfg.jobs)
             wal1 = _wal_lsn(c)
+            own_wal.mark(c, wal1)
             c.execute("ANALYZE leasequeue_job")
             wal2 = _wal_lsn(c)  # the ANALYZE's own WAL (wal2 - wal1) is left out
+            own_wal.jump(wal2)
             env = {"LQBENCH_ASYNC_COMPLETIONS": "1"} if async_completions else {}
             workers = Workers(cfg, processes, threads, env=env,
                               log_path=os.path.join(workdir, f"drain-{processes}x{threads}-{rep}.log"))
@@ -500,6 +509,8 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
             finally:
                 workers.stop()
                 wal3 = _wal_lsn(c)
+                own_bytes = own_wal.mark(c, wal3)
+                own_wal.stop()
                 for spy in spies:  # py-spy writes its file when the worker exits
                     try:
                         spy.wait(30)
@@ -509,10 +520,10 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
                 "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at), "
                 "count(DISTINCT (leased_by, attempted_at)), count(DISTINCT finished_at) FROM leasequeue_job"
             ).fetchone()
+            wal, wal_scope = c_wal_bytes(c, own_bytes, (wal0, wal1), (wal2, wal3))
         elapsed = (last - first).total_seconds()
         if done != cfg.jobs:
             raise RuntimeError(f"{label}: {done} of {cfg.jobs} jobs done")
-        wal, wal_scope = c_wal_bytes(db, (wal0, wal1), (wal2, wal3))
         return {"jobs_per_s": done / elapsed, "seconds": elapsed, "jobs_per_claim": done / claims,
                 "jobs_per_completion_flush": done / flushes, "peak_rss_mb": max(rss) if rss else None,
                 "wal_bytes_per_job": wal / done, "wal_scope": wal_scope}

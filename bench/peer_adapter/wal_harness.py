@@ -22,9 +22,10 @@ WAL per job = ((L1 - L0) + (L3 - L2)) / N, split into its enqueue part and its d
 start-up and shutdown writes included: they are each system's fixed cost, spread over N jobs).
 
 Where the ``pg_walinspect`` extension is available (a contrib module of PostgreSQL 15+; created in
-the measured database), the same spans are also read back record by record and only the database's
-own WAL is counted (``own_*``): records whose block references name the database, and the records
-of the same transactions (their commits). That figure does not count other sessions' writes.
+the measured database), the same spans are also read back record by record, every second while
+they are written (:class:`OwnWal`), and only the database's own WAL is counted (``own_*``): records
+whose block references name the database, and the records of the same transactions (their
+commits). That figure does not count other sessions' writes.
 
 The same measure reads the CPU time of the PostgreSQL backends serving the database (``/proc``,
 PostgreSQL on this machine), enqueue to done and for the enqueue alone, in microseconds per job

@@ -71,35 +71,7 @@ def diff(c: Any, end: str, start: str) -> int:
 # WAL records of one database, read back with pg_walinspect: those whose block references name the
 # database (``rel <tablespace>/<database>/<relfilenode>``) and the records (commits) of the same
 # transactions. Each record counts the WAL space it takes (end - start: header, data, full-page
-# images, alignment).
-OWN_WAL = """
-WITH r AS (SELECT xid, end_lsn - start_lsn AS bytes, block_ref LIKE %(pattern)s AS ours
-           FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)),
-     x AS (SELECT DISTINCT xid FROM r WHERE ours AND xid <> 0)
-SELECT coalesce(sum(bytes), 0)::bigint FROM r WHERE ours OR xid IN (SELECT xid FROM x)
-"""
-OWN_WAL_MAX = 1 << 30  # read back at most 1 GiB of WAL per span (a busy shared server writes more)
-
-
-def own_bytes(c: Any, spans: list[tuple[str, str]]) -> int | None:
-    """Bytes of WAL written for the connection's database in the (start, end) spans, or None when
-    pg_walinspect is not installed in it, a span is too long, or its WAL was already recycled."""
-    oid = c.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
-    pattern = f"%/{oid}/%"
-    total = 0
-    try:
-        for start, end in spans:
-            if diff(c, end, start) > OWN_WAL_MAX:
-                print(f"own WAL not read back: {diff(c, end, start):,} bytes of WAL in the span", file=sys.stderr)
-                return None
-            total += int(c.execute(OWN_WAL, {"pattern": pattern, "start": start, "end": end}).fetchone()[0])
-    except Exception as e:  # no extension, WAL removed: the server-wide figure stands alone
-        print(f"own WAL not read back: {type(e).__name__}: {str(e).strip()}", file=sys.stderr, flush=True)
-        return None
-    return total
-
-
-# One step of OwnWal: this database's WAL bytes in the span and where the span's last record ends.
+# images, alignment). One step of OwnWal: those bytes in the span, and where its last record ends.
 OWN_WAL_STEP = """
 WITH r AS (SELECT xid, start_lsn, end_lsn, block_ref LIKE %(pattern)s AS ours
            FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)),
@@ -111,7 +83,7 @@ FROM r
 
 
 class OwnWal(threading.Thread):
-    """This database's own WAL (see :data:`OWN_WAL`), read back as it is written: a busy server
+    """This database's own WAL (see :data:`OWN_WAL_STEP`), read back as it is written: a busy server
     recycles its WAL segments after each checkpoint, which can come within seconds, so a thread
     with a connection of its own reads what was flushed every second while :attr:`active`. Each
     step starts where the previous step's last record ended (a record that straddles a step's end
@@ -259,7 +231,7 @@ def measure(system: str, path: str, n: int, rep: int, prefix: str = "bench_") ->
             try:
                 c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             except psycopg.Error:
-                pass  # not available: own_bytes() returns None
+                pass  # not available: OwnWal reports the error and the figure is None
             b0 = lsn(c)
             time.sleep(1.0)
             background = diff(c, lsn(c), b0)

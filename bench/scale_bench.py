@@ -20,12 +20,14 @@ PgBouncer of our own in transaction mode (``--no-notify``: LISTEN needs a sessio
 * CPU seconds per 1,000 jobs of the PostgreSQL backends serving the database (``utime + stime``
   of ``/proc/<pid>/stat`` of the backends in ``pg_stat_activity``) and of the worker processes.
 
-Before starting a direct point the bench checks that the workers fit in the server's free
-connections (``max_connections`` minus reserved ones, minus those in use, minus a margin of
-:data:`CONNECTION_MARGIN` for other users of a shared server), with the 1-process point's count
-per worker; a point that does not fit is not run and the table says why (that is the case for
-PgBouncer). Every point is the median of ``--reps`` runs with [min-max]. The curve must not
-collapse: throughput at the largest process count at least 80 % of the peak of its curve.
+Before each point the bench checks that it fits in the server's free connections
+(``max_connections`` minus reserved ones, minus those in use, minus a margin of
+:data:`CONNECTION_MARGIN` for other users of a shared server): direct, the workers times the most
+connections a worker held so far (at least threads + 1); through PgBouncer, its pool. A point that
+does not fit is not run, and one that fails (a worker exits, the server refuses connections) is
+given up; the table says why and the other points still run. Every point is the median of
+``--reps`` runs with [min-max]. The curve must not collapse: throughput at the largest process
+count at least 80 % of the peak of its curve.
 The plot (matplotlib, the ``bench`` extra) goes to ``build/bench/scale.png``, and with
 ``--write-docs`` to ``docs/img/scale.png``.
 """
@@ -353,21 +355,27 @@ def bench_scale(run: Any, cfg: Any, dbs: Any, workdir: str) -> dict[str, Any]:
             for processes in opts["processes"]:
                 runs: list[dict[str, Any]] = []
                 for rep in range(1, cfg.reps + 1):
-                    if mode == "direct":
+                    try:
                         with run.connect("postgres") as c:
                             free = free_connections(c)
+                    except Exception as e:  # the server is full right now
+                        free = -1
+                        run.log(f"scale: cannot read the free connections: {e}")
+                    if mode == "direct":
                         need = processes * max(per_worker, THREADS + 1)
-                        if need > free:
-                            reason = (f"needs ~{need} connections ({processes} x {max(per_worker, THREADS + 1)}), "
-                                      f"the server has {free} free (max_connections, less those in use and a "
-                                      f"margin of {CONNECTION_MARGIN})")
-                            run.log(f"scale direct {processes}x{THREADS}: not run: {reason}")
-                            out[mode][str(processes)] = {"skipped": reason}
-                            break
+                        what = f"{processes} x {max(per_worker, THREADS + 1)}"
+                    else:  # the bouncer's pool, and ours
+                        need, what = opts["pool_size"] + 2, f"pool of {opts['pool_size']} + 2"
+                    if need > free:
+                        reason = (f"needs ~{need} connections ({what}), the server has {free} free "
+                                  f"(max_connections, less those in use and a margin of {CONNECTION_MARGIN})")
+                        run.log(f"scale {mode} {processes}x{THREADS}: not run: {reason}")
+                        out[mode][str(processes)] = {"skipped": reason}
+                        break
                     try:
                         res = drain_point(run, cfg, dbs, Point(mode, processes, opts["jobs"], port, env, args),
                                           workdir, rep)
-                    except RuntimeError as e:  # a worker died, the drain stalled: the other points still run
+                    except Exception as e:  # a worker died, the drain stalled, the server was full: go on
                         run.log(f"scale {mode} {processes}x{THREADS} rep {rep}: failed: {e}")
                         out[mode][str(processes)] = {"skipped": f"failed: {str(e).splitlines()[0][:200]}"}
                         break

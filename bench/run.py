@@ -446,7 +446,7 @@ def _bulk_enqueue(n: int, task_name: str = "noop", args: list | None = None) -> 
 
 def _wal_lsn(c: psycopg.Connection) -> str:
     """The server's WAL insert position (server-wide: every database's writes move it)."""
-    return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    return c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
 
 
 def _own_wal(db: str, c: psycopg.Connection, start: str):

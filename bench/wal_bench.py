@@ -2,8 +2,8 @@
 
 Every system runs through the same script, :mod:`bench.peer_adapter.wal_harness`, which drives the
 peers harness's own per-system code (``../shared/bench/peers/harness``, imported, not copied) and
-reads ``pg_current_wal_lsn()`` around the enqueue of N no-op jobs and around their drain (see its
-docstring for the method). Ours runs with the project's Python and the harness adapter
+reads ``pg_current_wal_insert_lsn()`` around the enqueue of N no-op jobs and around their drain
+(see its docstring for the method). Ours runs with the project's Python and the harness adapter
 ``bench/peer_adapter/leasequeue_sys.py``; the peers with their own virtualenv. Paths: ``single``
 (one job per transaction, as the harness's single-enqueue row) and ``bulk`` (the system's batch
 API, where it has one).
@@ -119,7 +119,8 @@ def report(results: list[dict[str, Any]], reps: int) -> list[str]:
     w = [f"WAL bytes per job, enqueue to done: N no-op jobs enqueued, then drained and the workers stopped "
          f"(median of {reps} [min-max]). *Own database*: the WAL records of the system's database and their "
          "transactions, read back with pg_walinspect (other sessions' writes excluded); *server-wide*: "
-         "`pg_current_wal_lsn()` difference, which also counts whatever else wrote on the server: the background "
+         "`pg_current_wal_insert_lsn()` difference, which also counts whatever else wrote on the server: the "
+         "background "
          "column is that rate just before each measure, and the share of the server-wide figure it could explain. "
          "Checkpoints inside a measure add full-page images. *PostgreSQL CPU*: CPU time of the backends serving "
          "the system's database, enqueue to done (of which the enqueue), µs per job (`/proc`; background "

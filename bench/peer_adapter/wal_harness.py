@@ -12,7 +12,8 @@ virtualenv for the peers, the project's for ``leasequeue``).
 For each repetition and each path, ``single`` (``enqueue_single``: one job per transaction) and
 ``bulk`` (``enqueue_bulk``, where the system has one), on a fresh database ``<--db-prefix><system>``:
 
-1. install the schema; read ``pg_current_wal_lsn()`` (L0);
+1. install the schema; read ``pg_current_wal_insert_lsn()`` (L0; the insert position:
+   ``pg_current_wal_lsn()`` is the write position, which lags records not yet written out);
 2. enqueue N no-op jobs, workers stopped; read L1; ``ANALYZE`` (as the harness does before its
    drain); read L2 (the ANALYZE's own WAL, L2 - L1, is left out);
 3. start the system's workers, wait until every job recorded its start and the system's own table
@@ -60,7 +61,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def lsn(c: Any) -> str:
     """The server's current WAL insert position (text form, e.g. ``0/3A000060``)."""
-    return str(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    return str(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
 
 
 def diff(c: Any, end: str, start: str) -> int:

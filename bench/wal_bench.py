@@ -83,14 +83,24 @@ def _cell(stats: dict[str, Any] | None, nd: int = 0) -> str:
     return f"{m:,.{nd}f}" if lo == hi else f"{m:,.{nd}f} [{lo:,.{nd}f}-{hi:,.{nd}f}]"
 
 
-def figure(summary: dict[str, Any], path: str) -> float | None:
-    """The WAL bytes per job compared across systems: the database's own WAL (pg_walinspect) when
-    measured, else the server-wide figure."""
+def figure(summary: dict[str, Any], path: str, scope: str = "own") -> float | None:
+    """The WAL bytes per job of ``path``: the database's own WAL (pg_walinspect; ``scope="own"``)
+    or the server-wide figure (``scope="server"``); None when not measured."""
     s = summary.get(path)
-    if not s:
-        return None
-    best = s.get("own_wal_bytes_per_job") or s["wal_bytes_per_job"]
-    return float(best["median"])
+    best = (s or {}).get("own_wal_bytes_per_job" if scope == "own" else "wal_bytes_per_job")
+    return None if not best else float(best["median"])
+
+
+def ratio(ours: dict[str, Any], peer: dict[str, Any], path: str) -> str:
+    """Ours over the peer's WAL bytes per job, like with like: own database figures when both have
+    one; server-wide ones only when neither has (no pg_walinspect on the server); else n/a."""
+    a, b = figure(ours, path), figure(peer, path)
+    if a and b:
+        return f"{a / b:.2f}"
+    if ours.get(path) and peer.get(path) and a is None and b is None:
+        a, b = figure(ours, path, "server"), figure(peer, path, "server")
+        return f"{a / b:.2f} (server-wide)" if a and b else "n/a"
+    return "n/a"
 
 
 def capacity(ours: dict[str, Any]) -> list[str]:
@@ -104,7 +114,7 @@ def capacity(ours: dict[str, Any]) -> list[str]:
         if not s:
             continue
         cpu = (s.get("server_cpu_us_per_job") or {}).get("median")
-        wal = figure(ours, path)
+        wal = figure(ours, path) or figure(ours, path, "server")
         per_day = f"{86_400 / (cpu / 1e6) / 1e6:,.0f} million jobs per day per core ({cpu:,.0f} µs of backend CPU " \
                   "per job)" if cpu else "n/a (backend CPU not readable)"
         w.append(f"- {what}, then drained: {per_day}; WAL {wal * 1e6 / 1e9:,.2f} GB per million jobs." if wal
@@ -146,14 +156,11 @@ def report(results: list[dict[str, Any]], reps: int) -> list[str]:
     if ours:
         w += ["", *capacity(ours)]
     if ours:
-        w += ["", "Ratio ours/peer, WAL bytes per job (own database where measured; lower is better: below 1.00 "
-              "we write less):", "", "| peer | single | bulk |", "|---|---|---|"]
+        w += ["", "Ratio ours/peer, WAL bytes per job (own database; lower is better: below 1.00 we write less; "
+              "n/a where a figure is missing: on a busy server the WAL can be recycled before it is read back, "
+              "see the log):", "", "| peer | single | bulk |", "|---|---|---|"]
         for r in results:
             if r is ours or r.get("error"):
                 continue
-            cells = []
-            for path in ("single", "bulk"):
-                a, b = figure(ours, path), figure(r, path)
-                cells.append("n/a" if not a or not b else f"{a / b:.2f}")
-            w.append(f"| {r['system']} | {cells[0]} | {cells[1]} |")
+            w.append(f"| {r['system']} | {ratio(ours, r, 'single')} | {ratio(ours, r, 'bulk')} |")
     return w

@@ -106,7 +106,7 @@ def test_scale_report_shows_skipped_points_and_the_verdict():
     assert "not run: pgbouncer is not installed" in text
 
 
-def test_wal_report_prefers_the_own_database_figure_for_the_ratio():
+def test_wal_report_compares_own_database_figures_only():
     def stats(v: float) -> dict[str, float]:
         return {"median": v, "min": v, "max": v}
 
@@ -124,8 +124,11 @@ def test_wal_report_prefers_the_own_database_figure_for_the_ratio():
     assert ("| leasequeue | single | 1,000 | 1,400 | 700 / 700 | 90,000 | 150 (50) | 0 (0%) | 0 | 1.00 1.00 1.00 |"
             in text)
     assert "| peer-a | 0.50 | n/a |" in text
-    assert "| peer-b | 0.20 | n/a |" in text  # no own figure: the server-wide one
+    assert "| peer-b | n/a | n/a |" in text  # no own figure: not compared with a server-wide one
     assert "| peer-c | error | | | | | | | | |" in text
+    # A server without pg_walinspect: nobody has an own figure, the server-wide ones are compared.
+    blind = "\n".join(wal_bench.report([summary("leasequeue", None, 1500.0), summary("peer-b", None, 3000.0)], 3))
+    assert "| peer-b | 0.50 (server-wide) | n/a |" in blind
 
 
 @pytest.mark.django_db(transaction=True)

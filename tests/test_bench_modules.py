@@ -164,5 +164,7 @@ def test_own_wal_counts_this_database_phase_by_phase_and_nothing_else():
         assert own.error is None
         assert second is not None and 50_000 <= second - first <= 200_000
         assert wal_harness.diff(c, end, start) >= 100_000
-        assert third == second
+        # Not the message; at most a page or two of the database's own upkeep (autovacuum may visit
+        # the table just written) in the same span.
+        assert third is not None and 0 <= third - second < 20_000
         c.execute("DROP TABLE wal_probe")

@@ -60,6 +60,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -75,6 +76,8 @@ MANAGE = os.path.join(BENCH, "manage.py")
 sys.path[:0] = [BENCH, REPO]
 
 import psycopg  # noqa: E402
+import scale_bench  # noqa: E402
+import wal_bench  # noqa: E402
 
 PG = {
     "host": os.environ.get("PGHOST", "127.0.0.1"),
@@ -141,13 +144,15 @@ class Config:
     render: str | None = None
     notes: list[str] = field(default_factory=list)
     ontime_baseline: str | None = None
+    scale: dict = field(default_factory=dict)  # the scale section's options (bench/scale_bench.py)
+    wal_n: int = 10_000  # jobs per measure of the wal section (bench/wal_bench.py)
 
     @property
     def template(self) -> str:
         return self.db + "_tpl"
 
 
-SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "workflows", "peers"]
+SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "workflows", "scale", "peers", "wal"]
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
@@ -223,6 +228,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                     help="keep the databases afterwards (ours and the peers harness's bench_<system>)")
     ap.add_argument("--profile", action="store_true",
                     help="one extra 2 x 4 drain under py-spy (GIL samples); prints where the workers' time goes")
+    ap.add_argument("--wal-n", type=int, help="jobs per measure of the wal section (default 10000; quick: 1000)")
+    scale_bench.add_arguments(ap)
     a = ap.parse_args(argv)
     quick = a.quick
     sections = set(SECTIONS if not a.only else [s.strip() for s in a.only.split(",") if s.strip()])
@@ -250,7 +257,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         peers_reps=1 if quick else (a.reps or 3), peers_lat_n=a.peers_lat_n or (10 if quick else 40),
         peers_dir=peers_dir,
         out=a.out, keep=a.keep, profile=a.profile, write_docs=a.write_docs, drop_cache=a.drop_cache, render=a.render,
-        ontime_baseline=a.ontime_baseline,
+        ontime_baseline=a.ontime_baseline, scale=scale_bench.options(a, quick),
+        wal_n=a.wal_n or (1000 if quick else 10_000),
     )
 
 
@@ -436,6 +444,31 @@ def _bulk_enqueue(n: int, task_name: str = "noop", args: list | None = None) -> 
     enqueue_many(getattr(tasks, task_name), [args or []] * n)
 
 
+def _wal_lsn(c: psycopg.Connection) -> str:
+    """The server's WAL insert position (server-wide: every database's writes move it)."""
+    return c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+
+
+def _own_wal(db: str, c: psycopg.Connection, start: str):
+    """A running :class:`peer_adapter.wal_harness.OwnWal` for database ``db`` from ``start``: its
+    own WAL, read back with pg_walinspect while it is written."""
+    from peer_adapter.wal_harness import OwnWal
+
+    own = OwnWal(psycopg.conninfo.make_conninfo(dbname=db, **{k: v for k, v in PG.items() if v}), c, start)
+    own.start()
+    return own
+
+
+def c_wal_bytes(c: psycopg.Connection, own: int | None, *spans: tuple[str, str]) -> tuple[int, str]:
+    """The WAL bytes to report and their scope: ``own`` (bytes of the database's own WAL, or None
+    when pg_walinspect could not read them) as ``"own"``, else the position differences of the
+    (start, end) spans, summed, as ``"server"`` (every database's writes count)."""
+    if own is not None:
+        return own, "own"
+    return sum(c.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0]
+               for start, end in spans), "server"
+
+
 def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async_completions: bool,
                 workdir: str, profile_to: str | None = None) -> list[dict]:
     label = f"drain {processes}x{threads}{' async' if async_completions else ''}"
@@ -447,8 +480,18 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
             from django_leasequeue import store
 
             store.queue_pause("default", by="bench")
+            try:  # pg_walinspect (contrib): this database's own WAL, not the whole server's
+                c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            except psycopg.Error:
+                pass
+            wal0 = _wal_lsn(c)
+            own_wal = _own_wal(db, c, wal0)
             _bulk_enqueue(cfg.jobs)
+            wal1 = _wal_lsn(c)
+            own_wal.mark(c, wal1)
             c.execute("ANALYZE leasequeue_job")
+            wal2 = _wal_lsn(c)  # the ANALYZE's own WAL (wal2 - wal1) is left out
+            own_wal.jump(wal2)
             env = {"LQBENCH_ASYNC_COMPLETIONS": "1"} if async_completions else {}
             workers = Workers(cfg, processes, threads, env=env,
                               log_path=os.path.join(workdir, f"drain-{processes}x{threads}-{rep}.log"))
@@ -465,6 +508,9 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
                 rss = workers.peak_rss_mb()
             finally:
                 workers.stop()
+                wal3 = _wal_lsn(c)
+                own_bytes = own_wal.mark(c, wal3)
+                own_wal.stop()
                 for spy in spies:  # py-spy writes its file when the worker exits
                     try:
                         spy.wait(30)
@@ -474,11 +520,13 @@ def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async
                 "SELECT count(*) FILTER (WHERE status = 'done'), min(attempted_at), max(finished_at), "
                 "count(DISTINCT (leased_by, attempted_at)), count(DISTINCT finished_at) FROM leasequeue_job"
             ).fetchone()
+            wal, wal_scope = c_wal_bytes(c, own_bytes, (wal0, wal1), (wal2, wal3))
         elapsed = (last - first).total_seconds()
         if done != cfg.jobs:
             raise RuntimeError(f"{label}: {done} of {cfg.jobs} jobs done")
         return {"jobs_per_s": done / elapsed, "seconds": elapsed, "jobs_per_claim": done / claims,
-                "jobs_per_completion_flush": done / flushes, "peak_rss_mb": max(rss) if rss else None}
+                "jobs_per_completion_flush": done / flushes, "peak_rss_mb": max(rss) if rss else None,
+                "wal_bytes_per_job": wal / done, "wal_scope": wal_scope}
 
     if profile_to:
         return [one(0)]
@@ -1210,7 +1258,7 @@ TARGETS = {
     "hot": ">= 90 %",
     "claim": "p50 within 2x of the 10k row",
 }
-MAIN_SECTIONS = [s for s in SECTIONS if s not in ("peers", "flow")]
+MAIN_SECTIONS = [s for s in SECTIONS if s not in ("peers", "flow", "scale", "wal")]
 
 
 def verdict(ok: bool | None, detail: str = "") -> str:
@@ -1297,7 +1345,9 @@ def report(cfg: Config, results: dict) -> str:
         w(f"| drain {cfg.jobs:,} no-op jobs, {p} process{'es' if p > 1 else ''} x {t} thread{'s' if t > 1 else ''}"
           f"{' (ASYNC_COMPLETIONS)' if a else ''}, jobs/s | {spread(runs, 'jobs_per_s')} "
           f"(jobs/claim {spread(runs, 'jobs_per_claim', 1)}, jobs/completion flush "
-          f"{spread(runs, 'jobs_per_completion_flush', 1)}) | {target} | {check} |")
+          f"{spread(runs, 'jobs_per_completion_flush', 1)}, WAL bytes/job enqueue_many to done "
+          f"{spread(runs, 'wal_bytes_per_job')}"
+          f"{'' if all(x.get('wal_scope') == 'own' for x in runs) else ' server-wide'}) | {target} | {check} |")
     for notify in (True, False):
         runs = results.get("latency", {}).get(notify)
         if runs:
@@ -1433,6 +1483,17 @@ def report(cfg: Config, results: dict) -> str:
         m = median([x["p50_ms"] for x in ch])
         w(f"| chain step-to-step p50, ms | {spread(ch, 'p50_ms', 1)} | <= 10 | {verdict(m is not None and m <= 10)} |")
         w(f"| chain step-to-step p99, ms | {spread(ch, 'p99_ms', 1)} | | |")
+    if results.get("scale"):
+        w("")
+        out.extend(scale_bench.report(results["scale"], cfg.reps))
+        if results.get("scale_plot"):
+            w(f"![scale curve]({'../img/scale.png' if cfg.write_docs else results['scale_plot']})")
+    if results.get("wal_skipped"):
+        w("")
+        w(f"wal: skipped ({results['wal_skipped']})")
+    if results.get("wal"):
+        w("")
+        out.extend(wal_bench.report(results["wal"], cfg.peers_reps))
     return "\n".join(out)
 
 
@@ -1512,7 +1573,7 @@ def main(argv: list[str] | None = None) -> int:
         if results["peers_skipped"]:
             log(f"peers: skipped ({results['peers_skipped']})")
     dbs = Databases(cfg)
-    needs_db = cfg.sections - {"peers"}
+    needs_db = cfg.sections - {"peers", "wal"}
     try:
         if needs_db:
             dbs.prepare()
@@ -1541,11 +1602,22 @@ def main(argv: list[str] | None = None) -> int:
             results["flow"] = bench_flow(cfg, dbs, workdir)
         if "workflows" in cfg.sections:
             results["workflows"] = bench_workflows(cfg, dbs, workdir)
+        if "scale" in cfg.sections:
+            results["scale"] = scale_bench.bench_scale(sys.modules[__name__], cfg, dbs, workdir)
     finally:
         if needs_db and not cfg.keep:
             dbs.drop_all()
     if "peers" in cfg.sections and not results["peers_skipped"]:
         results["peers"] = run_peers(cfg, workdir)
+    if "wal" in cfg.sections:
+        results["wal_skipped"] = peers_skip_reason(cfg)
+        if results["wal_skipped"]:
+            log(f"wal: skipped ({results['wal_skipped']})")
+        else:
+            results["wal"] = wal_bench.run_wal(sys.modules[__name__], cfg, workdir)
+    if results.get("scale"):
+        results["scale_plot"] = scale_bench.plot(results["scale"])
+        log(f"scale plot: {results['scale_plot'] or 'not drawn (matplotlib missing: install the bench extra)'}")
     results["load_end"] = load_average()
     results["duration_s"] = time.monotonic() - t_start
     text = report(cfg, results)
@@ -1556,6 +1628,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"table written to {table_path}")
     if cfg.write_docs:
         write_docs(text)
+        if results.get("scale_plot"):
+            shutil.copyfile(results["scale_plot"], scale_bench.DOCS_PLOT)
+            log(f"scale plot copied to {scale_bench.DOCS_PLOT}")
     serialisable = {**results}
     if "drain" in serialisable:
         serialisable["drain"] = {f"{p}x{t}{'-async' if a else ''}": v for (p, t, a), v in results["drain"].items()}

@@ -49,10 +49,11 @@ make_venv() {
     | grep -v "is ignored: it is neither a file nor a directory" || true
 }
 
-# The main environment: Python 3.12+ with Django 6.1 (django.tasks built in).
+# The main environment: Python 3.12+ with Django 6.1 (django.tasks built in). main_venv EXTRA adds
+# an extra of pyproject.toml (scripts/bench: bench).
 main_venv() {
   local py; py="$(find_python 3.12 3.13)" || { echo "need Python 3.12 or 3.13" >&2; exit 1; }
-  make_venv "$ROOT/.venv" "$py" -e "$ROOT[dev,otel]" "Django>=6.1,<6.2"
+  make_venv "$ROOT/.venv" "$py" -e "$ROOT[dev,otel${1:+,$1}]" "Django>=6.1,<6.2"
 }
 
 # The LTS environment: Python 3.11 with Django 5.2 and the django-tasks backport.

@@ -8,6 +8,10 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
   commit with ``synchronous_commit = off``; see docs/howto/performance.md).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
+* ``LQBENCH_TRANSACTION_POOLING=1``: ``PGHOST``/``PGPORT`` is a PgBouncer in transaction mode
+  (server-side cursors off: one declared outside a transaction would outlive it on a server
+  connection the next transaction may not get).
+* ``LQBENCH_CLAIM_TIMES=DIR``: record each claim statement's time (``lqbench/apps.py``).
 """
 
 import os
@@ -40,6 +44,8 @@ LEASEQUEUE = {
     "NOTIFY": os.environ.get("LQBENCH_NOTIFY", "1") == "1",
     "SHUTDOWN_GRACE": 5,
 }
+if os.environ.get("LQBENCH_TRANSACTION_POOLING") == "1":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 if os.environ.get("LQBENCH_FAIR") == "1":  # the flow section's fair-claiming drain
     LEASEQUEUE["QUEUES"] = {"default": {"fair": True}}
 if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":

@@ -8,6 +8,9 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
   commit with ``synchronous_commit = off``; see docs/howto/performance.md).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
+* ``LQBENCH_PREPARE=1``: ``OPTIONS["prepare_threshold"] = 5``, which allows prepared statements on
+  the connection: the one-job enqueue INSERT is then prepared (Django's own queries, bound
+  client-side, are not; see docs/howto/performance.md).
 """
 
 import os
@@ -33,6 +36,8 @@ DATABASES = {
         "CONN_MAX_AGE": None,
     }
 }
+if os.environ.get("LQBENCH_PREPARE") == "1":
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
 
 LEASEQUEUE = {
     "LEASE": float(os.environ.get("LQBENCH_LEASE", "30")),

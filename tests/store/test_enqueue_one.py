@@ -6,7 +6,7 @@ and without prepared statements."""
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_leasequeue import enqueue, store, task
 from django_leasequeue.models import Job
@@ -82,9 +82,15 @@ def test_the_insert_is_prepared_only_when_the_connection_allows_it(threshold):
     connection.ensure_connection()
     connection.connection.prepare_threshold = threshold
     try:
+        # The first run prepares inside a transaction that rolls back: the statement stays prepared
+        # (a session object) and the next calls use it.
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue("qa.record", ["rolled back"])
+            raise RuntimeError
         for _ in range(3):
             enqueue("qa.record", ["a"])
         enqueue("qa.record", ["a"], unique_key="one-prepared")
+        assert list(Job.objects.values_list("args", flat=True)) == [["a"]] * 4
         with connection.cursor() as cur:
             cur.execute("SELECT statement FROM pg_prepared_statements")
             prepared = [row[0] for row in cur.fetchall()]

@@ -166,6 +166,7 @@ def _run_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result
     with _cursor(alias) as cur:
         pg = cur.db.connection
         if pg.prepare_threshold is not None:
+            cur.cursor.close()  # Django's client-side binding cursor, unused (it holds nothing on the server)
             cur.cursor = _PreparingCursor(pg)
         cur.execute(sql, params)
         rows = cur.fetchall() if cur.rownumber is not None else []

@@ -5,10 +5,14 @@ calls, every call its own transaction and commit)::
 
     enqueue() durable                  Task.enqueue(), synchronous_commit as the server has it
     enqueue() synchronous_commit off   the same with ``SET synchronous_commit = off`` for this session
+    enqueue() prepared                 the same, durable, with prepared statements allowed on the
+                                       connection (psycopg ``prepare_threshold`` set, as
+                                       ``OPTIONS["prepare_threshold"]`` does): its INSERT is prepared
     bare psycopg, 4-column row         INSERT one row of a 4-column table and commit (no Django)
     bare psycopg, our INSERT           the exact statement and parameters enqueue() sends (captured
                                        from one call), through psycopg without Django
     bare psycopg, our INSERT, no NOTIFY  the same with the ``notify`` parameter false
+    bare psycopg, our INSERT prepared  the same statement as a server-side prepared statement
     build_job() only                   validating one job's arguments and options (Python, no database)
 
 Each row is the median over ``--reps`` rounds; the rounds run the loops in rotation, so load from
@@ -36,13 +40,15 @@ sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # loops and lqbench, then the wo
 import psycopg  # noqa: E402
 from loops import connect, load_average, per_call, print_table, rounds, scratch_database  # noqa: E402
 
-ROWS = ["enqueue", "sync_off", "plain4", "ours", "ours_no_notify", "build_job"]
+ROWS = ["enqueue", "sync_off", "enqueue_prepared", "plain4", "ours", "ours_no_notify", "ours_prepared", "build_job"]
 LABELS = {
     "enqueue": "enqueue() durable",
     "sync_off": "enqueue() with synchronous_commit off (session)",
+    "enqueue_prepared": "enqueue() durable, prepared statements allowed (its INSERT prepared)",
     "plain4": "bare psycopg: INSERT one 4-column row + commit",
     "ours": "bare psycopg: enqueue()'s INSERT + commit",
     "ours_no_notify": "bare psycopg: enqueue()'s INSERT without NOTIFY + commit",
+    "ours_prepared": "bare psycopg: enqueue()'s INSERT, prepared + commit",
     "build_job": "build_job() only (validation, no database)",
 }
 
@@ -88,6 +94,7 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
 
     raw = connect(db)
     raw_cursor = psycopg.ClientCursor(raw)  # client-side binding, as Django's backend uses by default
+    raw_prepared = raw.cursor()  # server-side binding; prepare=True below
     raw.execute("CREATE TABLE IF NOT EXISTS enqbd_plain (id bigserial PRIMARY KEY, queue text NOT NULL, "
                 "payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())")
 
@@ -105,13 +112,25 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
         finally:
             sync("DEFAULT")
 
+    def prepared_loop() -> float:
+        connection.ensure_connection()
+        pg = connection.connection
+        saved = pg.prepare_threshold
+        pg.prepare_threshold = 5  # what OPTIONS["prepare_threshold"] = 5 sets
+        try:
+            return loop(noop.enqueue)
+        finally:
+            pg.prepare_threshold = saved
+
     bodies: dict[str, Callable[[], float]] = {
         "enqueue": lambda: loop(noop.enqueue),
         "sync_off": sync_off_loop,
+        "enqueue_prepared": prepared_loop,
         "plain4": lambda: loop(lambda: raw.execute("INSERT INTO enqbd_plain (queue, payload) VALUES (%s, %s)",
                                                    ["default", "[]"])),
         "ours": lambda: loop(lambda: raw_cursor.execute(sql, params)),
         "ours_no_notify": lambda: loop(lambda: raw_cursor.execute(sql, quiet)),
+        "ours_prepared": lambda: loop(lambda: raw_prepared.execute(sql, params, prepare=True)),
         "build_job": lambda: loop(lambda: build_job(noop)),
     }
     noop.enqueue()  # warm up the connection and caches

@@ -417,21 +417,38 @@ def repeat(cfg: Config, what: str, fn: Callable[[int], dict]) -> list[dict]:
 def bench_enqueue(cfg: Config, dbs: Databases) -> list[dict]:
     def one(rep: int) -> dict:
         dbs.fresh()
+        from django.db import connection
         from lqbench.tasks import noop
 
         from django_leasequeue import enqueue_many
 
         noop.enqueue()  # connect, warm caches
-        t0 = time.perf_counter()
-        for _ in range(cfg.single_n):
-            noop.enqueue()
-        single = cfg.single_n / (time.perf_counter() - t0)
+        pg = connection.connection
+
+        def singles(threshold: int | None) -> float:
+            # threshold 5: prepared statements allowed on the connection (what
+            # OPTIONS["prepare_threshold"] sets), so the one-job INSERT is prepared at its first call.
+            saved, pg.prepare_threshold = pg.prepare_threshold, threshold
+            try:
+                noop.enqueue()  # prepares it when allowed
+                t0 = time.perf_counter()
+                for _ in range(cfg.single_n):
+                    noop.enqueue()
+                return cfg.single_n / (time.perf_counter() - t0)
+            finally:
+                pg.prepare_threshold = saved
+
+        # Django's default (nothing prepared) and prepared, in alternating order across repetitions.
+        if rep % 2:
+            single_prepared, single = singles(5), singles(None)
+        else:
+            single, single_prepared = singles(None), singles(5)
         args = [[]] * cfg.bulk_n
         t0 = time.perf_counter()
         n = enqueue_many(noop, args)
         bulk = n / (time.perf_counter() - t0)
         assert n == cfg.bulk_n, n
-        return {"single_per_s": single, "bulk_per_s": bulk}
+        return {"single_per_s": single, "single_prepared_per_s": single_prepared, "bulk_per_s": bulk}
 
     return repeat(cfg, "enqueue", one)
 
@@ -1336,6 +1353,11 @@ def report(cfg: Config, results: dict) -> str:
         bulk = median([x["bulk_per_s"] for x in r])
         w(f"| enqueue single (one `enqueue()` per transaction), jobs/s | {spread(r, 'single_per_s')} "
           f"| {TARGETS['enqueue single']} | {verdict(None if single is None else single >= 2500)} |")
+        if any(x.get("single_prepared_per_s") is not None for x in r):
+            prepared = median([x["single_prepared_per_s"] for x in r if x.get("single_prepared_per_s") is not None])
+            w(f"| enqueue single, its INSERT prepared (`prepare_threshold` set), jobs/s | "
+              f"{spread(r, 'single_prepared_per_s')} | {TARGETS['enqueue single']} "
+              f"| {verdict(None if prepared is None else prepared >= 2500)} |")
         w(f"| enqueue_many (10,000 in one statement), jobs/s | {spread(r, 'bulk_per_s')} | {TARGETS['enqueue bulk']} "
           f"| {verdict(None if bulk is None else bulk >= 100_000)} |")
     for key, runs in results.get("drain", {}).items():

@@ -12,6 +12,9 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
   (server-side cursors off: one declared outside a transaction would outlive it on a server
   connection the next transaction may not get).
 * ``LQBENCH_CLAIM_TIMES=DIR``: record each claim statement's time (``lqbench/apps.py``).
+* ``LQBENCH_PREPARE=1``: ``OPTIONS["prepare_threshold"] = 5``, which allows prepared statements on
+  the connection: the one-job enqueue INSERT is then prepared (Django's own queries, bound
+  client-side, are not; see docs/howto/performance.md).
 """
 
 import os
@@ -37,6 +40,8 @@ DATABASES = {
         "CONN_MAX_AGE": None,
     }
 }
+if os.environ.get("LQBENCH_PREPARE") == "1":
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
 
 LEASEQUEUE = {
     "LEASE": float(os.environ.get("LQBENCH_LEASE", "30")),

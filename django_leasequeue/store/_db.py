@@ -8,11 +8,12 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Self, cast
 
 from django.db import ProgrammingError, connections, router, transaction
 from django.db.backends.utils import CursorWrapper
-from psycopg import errors
+from psycopg import Cursor, errors
+from psycopg.abc import Params, QueryNoTemplate
 
 from ..exceptions import NotMigrated
 from ..models import Job, JobStat, QueueState, ReaperSweep, Schedule, WorkerProcess
@@ -124,6 +125,52 @@ def _run(sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None, *, a
         # per column on every access, a cost the one-job statements (enqueue) would pay per call.
         rows = cur.fetchall() if cur.rownumber is not None else []
         return _Result(rows, cur.rowcount, cur.description if describe else None)
+
+
+class _PreparingCursor(Cursor[Any]):
+    """A server-side binding cursor that prepares every statement it runs at its first execution
+    (psycopg's ``prepare=True``), instead of after ``prepare_threshold`` runs. psycopg keeps one
+    prepared statement per distinct statement text and parameter types on the connection."""
+
+    # Not the overloads of psycopg's execute (template strings too): Django's cursor wrapper passes
+    # the SQL text and its parameters only.
+    def execute(self, query: QueryNoTemplate, params: Params | None = None, *,  # type: ignore[override]
+                prepare: bool | None = None, binary: bool | None = None) -> Self:
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+def _run_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
+    """:func:`_run` as a server-side prepared statement when ``alias``'s connection allows prepared
+    statements, else exactly :func:`_run`.
+
+    For a short statement run on every call (the one-job enqueue) PostgreSQL's parsing and planning
+    are a large part of its time; a prepared statement is parsed and planned once per connection.
+    A connection allows them when its psycopg ``prepare_threshold`` is not None: Django's backend
+    sets None unless ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]`` says otherwise, because a
+    prepared statement is server session state that a pooler in transaction mode must carry
+    (PgBouncer 1.21 or later with ``max_prepared_statements``; docs/howto/pgbouncer.md). Whoever
+    turned them on for the alias has such a pooler or none; with None nothing is prepared.
+
+    The statement still runs through Django's cursor wrapper (its error translation, execute
+    wrappers and query logging): only the psycopg cursor inside it differs from Django's default
+    client-side binding one.
+
+    Args:
+        sql: the statement (``%(name)s`` placeholders).
+        params: its parameters.
+        alias: the database alias.
+
+    Returns:
+        The statement's :class:`_Result` (rows and row count).
+    """
+    with _cursor(alias) as cur:
+        pg = cur.db.connection
+        if pg.prepare_threshold is not None:
+            cur.cursor.close()  # Django's client-side binding cursor, unused (it holds nothing on the server)
+            cur.cursor = _PreparingCursor(pg)
+        cur.execute(sql, params)
+        rows = cur.fetchall() if cur.rownumber is not None else []
+        return _Result(rows, cur.rowcount, None)
 
 
 # JIT compilation off for the claim statement alone. The claims run every few milliseconds and take

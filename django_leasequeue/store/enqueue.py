@@ -16,6 +16,7 @@ from ._db import (
     _jobs_from_rows,
     _load,
     _run,
+    _run_prepared,
     _schema_required,
     db_alias,
     logger,
@@ -176,41 +177,70 @@ def job_insert(jobs: Sequence[NewJob], *, notify: bool, channel: str, now: datet
     return _jobs_from_rows(rows, alias)
 
 
-# One job: scalar parameters, not the unnest of fifteen one-element arrays, and no CTEs: this plain
-# INSERT ... SELECT plans and runs in about half the time of the array form (a large part of an enqueue). The
-# clock is read once, in the FROM subquery; created_at is that reading, so "due" is run_at <=
-# created_at, and the NOTIFY (delivered at commit) is sent from RETURNING (with the run time when
-# the job is due later, as in JOB_INSERT). RETURNING gives back only
-# what the database decided (id, run_at, created_at); the caller builds the Job from what it sent.
-JOB_INSERT_ONE = f"""
-INSERT INTO {JOB_TABLE} (
-    {_INSERT_COLUMNS}
+# One job: scalar parameters, not the unnest of one-element arrays, and no CTEs: a plain INSERT ...
+# SELECT plans and runs in about half the time of the array form. The clock is read once, in the
+# FROM subquery; created_at is that reading, so "due" is run_at <= created_at, and the NOTIFY
+# (delivered at commit) is sent from RETURNING (with the run time when the job is due later, as in
+# JOB_INSERT). RETURNING gives back only what the database decided (id, run_at, created_at); the
+# caller builds the Job from what it sent.
+#
+# The statement lists only the columns this job sets: the others take their database defaults
+# (migration 0019: status 'ready', counters 0, errors and history '[]'; NULL for the optional
+# keys). Parsing and planning a 30-column INSERT was a large part of an enqueue's database time,
+# and most jobs set none of the flow-control keys. One statement text per set of columns, built
+# once (:func:`_insert_one_sql`), so a prepared statement (``_run_prepared``) is reused.
+_ONE_ALWAYS = ("task", "queue", "priority", "max_attempts")
+# The optional columns, in statement order, with the cast of their parameter ("": the column's
+# type). A job lists one when its value differs from the column's default (:data:`_ONE_DEFAULTS`).
+_ONE_OPTIONAL: tuple[tuple[str, str], ...] = (
+    ("lease_seconds", "::float8"), ("unique_key", ""), ("unique_scope", ""), ("concurrency_key", ""),
+    ("concurrency_limit", "::int"), ("schedule_id", "::bigint"), ("occurrence_at", "::timestamptz"),
+    ("sequence_key", "::text"), ("sequence_halts", "::bool"), ("rate_key", "::text"), ("rate_limit_n", "::int"),
+    ("rate_limit_secs", "::float8"), ("fair_key", "::text"), ("trace_context", "::jsonb"),
 )
-SELECT %(task)s, %(queue)s, %(priority)s, 'ready', %(args)s::jsonb, %(kwargs)s::jsonb,
-       coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8)), 0,
-       %(max_attempts)s, %(lease_seconds)s::float8, '', 0, %(unique_key)s, %(unique_scope)s,
-       %(concurrency_key)s, %(concurrency_limit)s::int, false, 0, %(schedule_id)s::bigint,
-       %(occurrence_at)s::timestamptz, '[]'::jsonb, '[]'::jsonb, clock.now, %(sequence_key)s::text,
-       %(sequence_halts)s::bool,
-       %(rate_key)s::text, %(rate_limit_n)s::int, %(rate_limit_secs)s::float8, %(fair_key)s::text,
-       %(trace_context)s::jsonb
-FROM ({CLOCK}) AS clock
-{{on_conflict}}
-RETURNING id, run_at, created_at,
+# The column defaults the optional columns fall back to (NULL unless listed).
+_ONE_DEFAULTS: dict[str, object] = {"unique_scope": "retained", "sequence_halts": False}
+# run_at: the clock reading itself when the job is due now (no run_at, no delay), else the given
+# time or the clock plus the delay.
+_RUN_NOW = "clock.now"
+_RUN_LATER = "coalesce(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay)s::float8))"
+_RETURNING_ONE = """RETURNING id, run_at, created_at,
           CASE WHEN NOT %(notify)s THEN NULL
                WHEN run_at <= created_at THEN pg_notify(%(channel)s, %(queue)s)
-               ELSE pg_notify(%(channel)s, %(queue)s::text || ' ' || extract(epoch FROM run_at)::text) END
-"""
+               ELSE pg_notify(%(channel)s, %(queue)s::text || ' ' || extract(epoch FROM run_at)::text) END"""
+_INSERT_ONE_SQL: dict[tuple[tuple[str, ...], bool, bool], str] = {}
+
+
+def _insert_one_sql(optional: tuple[str, ...], later: bool, unique: bool) -> str:
+    """The one-job INSERT listing the always-set columns and the ``optional`` ones (in
+    :data:`_ONE_OPTIONAL` order), with run_at from the clock alone unless ``later``, and ON CONFLICT
+    DO NOTHING when ``unique`` (the job has a unique key). Built once per combination."""
+    key = (optional, later, unique)
+    sql = _INSERT_ONE_SQL.get(key)
+    if sql is None:
+        casts = dict(_ONE_OPTIONAL)
+        columns = [*_ONE_ALWAYS, "args", "kwargs", "run_at", "created_at", *optional]
+        values = [f"%({name})s" for name in _ONE_ALWAYS]
+        values += ["%(args)s::jsonb", "%(kwargs)s::jsonb", _RUN_LATER if later else _RUN_NOW, "clock.now"]
+        values += [f"%({name})s{casts[name]}" for name in optional]
+        sql = (f"INSERT INTO {JOB_TABLE} ({', '.join(columns)})\nSELECT {', '.join(values)}\n"
+               f"FROM ({CLOCK}) AS clock\n{_ON_CONFLICT if unique else ''}\n{_RETURNING_ONE}")
+        _INSERT_ONE_SQL[key] = sql
+    return sql
+
+
 # ON CONFLICT only for jobs with a unique key: without one nothing can conflict (the id comes from
 # the sequence), and ON CONFLICT makes every row a speculative insertion (an extra WAL record and a
 # probe of every unique index per row).
 _ON_CONFLICT = "ON CONFLICT DO NOTHING"
-_INSERT_ONE = {unique: JOB_INSERT_ONE.format(on_conflict=_ON_CONFLICT if unique else "") for unique in (False, True)}
 
+# The one-job INSERT of a plain job (no optional column, due now, no unique key).
+JOB_INSERT_ONE = _insert_one_sql((), False, False)
+
+# The scalar parameters of the other one-job statements (job_insert_many's template, the replacing insert).
 _ONE_FIELDS = ("task", "queue", "priority", "run_at", "delay", "max_attempts", "lease_seconds", "unique_key",
                "unique_scope", "concurrency_key", "concurrency_limit", "schedule_id", "occurrence_at", "sequence_key",
-               "sequence_halts",
-               "rate_key", "rate_limit_n", "rate_limit_secs", "fair_key")
+               "sequence_halts", "rate_key", "rate_limit_n", "rate_limit_secs", "fair_key")
 
 
 def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | None = None,
@@ -220,13 +250,23 @@ def job_insert_one(job: NewJob, *, notify: bool, channel: str, now: datetime | N
     the queue name and its ``run_at`` when it is due later. ``trace_context`` is the row's W3C
     trace context carrier (None: NULL)."""
     alias = alias or db_alias()
-    params = {name: getattr(job, name) for name in _ONE_FIELDS}
     trace_json = _trace_json(trace_context)
-    params.update(now=now, notify=notify, channel=channel, args=job.args_json, kwargs=job.kwargs_json,
-                  delay=float(job.delay), trace_context=trace_json)
-    sql = _INSERT_ONE[job.unique_key is not None]
+    params: dict[str, object] = {
+        "task": job.task, "queue": job.queue, "priority": job.priority, "max_attempts": job.max_attempts,
+        "args": job.args_json, "kwargs": job.kwargs_json, "now": now, "notify": notify, "channel": channel,
+    }
+    optional = []
+    for name, _cast in _ONE_OPTIONAL:
+        value = trace_json if name == "trace_context" else getattr(job, name)
+        if value is not None and value != _ONE_DEFAULTS.get(name):
+            optional.append(name)
+            params[name] = value
+    later = job.run_at is not None or job.delay != 0
+    if later:
+        params.update(run_at=job.run_at, delay=float(job.delay))
+    sql = _insert_one_sql(tuple(optional), later, job.unique_key is not None)
     with _schema_required(alias), sequence_locked([job.sequence_key], alias=alias):
-        row = _run(sql, params, alias=alias).one()
+        row = _run_prepared(sql, params, alias=alias).one()
     if row is None:
         return None
     values = {

@@ -74,7 +74,7 @@ DATABASES = {
         "TEST": {"NAME": os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None},
     }
 }
-_DB_OPTIONS: dict[str, str] = {}
+_DB_OPTIONS: dict[str, str | int] = {}
 # Behind PgBouncer in transaction mode (tests/pgbouncer): a server-side cursor (QuerySet.iterator())
 # declared WITH HOLD outside a transaction would outlive it on a server connection the next
 # transaction may not get.
@@ -88,6 +88,10 @@ if os.environ.get("LEASEQUEUE_CLOCK_OFFSET"):
 # failover included.
 if os.environ.get("LEASEQUEUE_DB_TARGET_SESSION_ATTRS"):
     _DB_OPTIONS["target_session_attrs"] = os.environ["LEASEQUEUE_DB_TARGET_SESSION_ATTRS"]
+# Prepared statements allowed on the connection (psycopg prepare_threshold; Django's default is None,
+# none): the one-job enqueue INSERT is then prepared (store._db._run_prepared).
+if os.environ.get("LEASEQUEUE_DB_PREPARE_THRESHOLD"):
+    _DB_OPTIONS["prepare_threshold"] = int(os.environ["LEASEQUEUE_DB_PREPARE_THRESHOLD"])
 if _DB_OPTIONS:
     DATABASES["default"]["OPTIONS"] = _DB_OPTIONS
 

@@ -357,11 +357,8 @@ class Pool:
             return
         item.timed_out = True
         if item.is_async:
-            # An async handler is cancelled; it keeps its slot and lease until its coroutine ends
-            # (one that swallows CancelledError stays stuck, as a thread would).
             logger.warning("job %s: attempt %s ran past its task's timeout of %s s; cancelling its coroutine",
                            item.job.id, item.job.attempts, item.timeout)
-            self.cancel_handler(item)
         else:
             logger.warning("job %s: attempt %s ran past its task's timeout of %s s; the handler cannot be stopped "
                            "in thread mode, so its lease is kept until it returns", item.job.id, item.job.attempts,
@@ -372,6 +369,11 @@ class Pool:
         except DatabaseError:
             logger.exception("job %s: could not record the timeout in its history", item.job.id)
             close_broken_connections()
+        if item.is_async:
+            # Cancelled once the note is written (the failure it leads to ends the lease, and the
+            # note is fenced on it). It keeps its slot and lease until its coroutine ends: one that
+            # swallows CancelledError stays stuck, as a thread would.
+            self.cancel_handler(item)
 
     def stuck(self) -> list[InFlight]:
         """The held jobs whose handler is past its task's timeout and still running (thread mode)."""

@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from qa.models import Effect
 
-from django_leasequeue import store, task
+from django_leasequeue import registry, store, task
 from django_leasequeue.conf import build
 from django_leasequeue.context import FencedCompletion, JobContext
 from django_leasequeue.exceptions import LeaseLost, Snooze
@@ -107,6 +107,22 @@ async def nap(seconds: float) -> int:
     await asyncio.sleep(seconds)
     RUNNING["now"] -= 1
     return 1
+
+
+# Registered only while this module's tests run: a registered async task makes every worker of
+# the test session claim for its event loop too (other tests count their claims exactly).
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, nap]
+for _task in ASYNC_TASKS:
+    registry._REGISTRY.pop(_task.name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    for spec in ASYNC_TASKS:
+        registry.register_task(spec)
+    yield
+    for spec in ASYNC_TASKS:
+        registry._REGISTRY.pop(spec.name, None)
 
 
 def drain(*, async_slots: int = 50, concurrency: int = 2, **settings: Any) -> WorkerService:

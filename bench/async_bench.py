@@ -107,8 +107,9 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int,
     return proc.returncode, time.monotonic() - t0, usage.ru_maxrss / 1024
 
 
-def ours(db: str, jobs: int, sleep: float, slots: int) -> dict[str, float]:
-    """One repetition of django-leasequeue: enqueue, drain with one runworker, read the figures."""
+def ours(db: str, jobs: int, sleep: float, slots: int, threads: int = 1) -> dict[str, float]:
+    """One repetition of django-leasequeue: enqueue, drain with one runworker, read the figures
+    (``slots`` 0: the async handlers run on ``threads`` handler threads, one loop per attempt)."""
     from django.db import connection, transaction
 
     from django_leasequeue import enqueue_many
@@ -120,7 +121,7 @@ def ours(db: str, jobs: int, sleep: float, slots: int) -> dict[str, float]:
             enqueue_many("bench.asleep", [[sleep]] * min(10_000, jobs - i))
     env = {**os.environ, "LQBENCH_DB": db, "DJANGO_SETTINGS_MODULE": "lqbench.settings"}
     code, wall, rss = run_child([sys.executable, MANAGE, "runworker", "--burst", "--async-slots", str(slots),
-                                 "--concurrency", "1", "--no-reaper"], env, timeout=600)
+                                 "--concurrency", str(threads), "--no-reaper"], env, timeout=600)
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FILTER (WHERE status = 'done'), "
                     "extract(epoch FROM max(finished_at) - min(attempted_at)) FROM leasequeue_job")
@@ -164,6 +165,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=1000, help="async slots (Procrastinate: concurrency)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--thread-baseline", type=int, default=0, metavar="THREADS",
+                        help="also run the jobs on THREADS handler threads (--async-slots 0: one event loop per "
+                             "attempt, as before the event loop existed), interleaved")
     parser.add_argument("--out", default=os.path.join(REPO, "build", "bench", "async.json"))
     args = parser.parse_args()
     peers = not args.skip_peers and os.path.exists(os.path.join(PEERS_VENV, "bin", "python"))
@@ -171,7 +175,8 @@ def main() -> None:
         print(f"procrastinate: skipped (no peers virtualenv at {PEERS_VENV}; run ../shared/bench/peers/setup_venv.sh "
               "or set PEERS_VENV)", file=sys.stderr)
     load_before = load_average()
-    results: dict[str, list[dict[str, float]]] = {"django-leasequeue": [], "procrastinate": []}
+    baseline = f"django-leasequeue, {args.thread_baseline} threads"
+    results: dict[str, list[dict[str, float]]] = {"django-leasequeue": [], baseline: [], "procrastinate": []}
     with scratch_database("async") as db, tempfile.TemporaryDirectory() as workdir:
         import django
 
@@ -184,6 +189,10 @@ def main() -> None:
             row = ours(db, args.jobs, args.sleep, args.slots)
             results["django-leasequeue"].append(row)
             print(f"rep {rep + 1} django-leasequeue: {row}", file=sys.stderr)
+            if args.thread_baseline:
+                row = ours(db, args.jobs, args.sleep, 0, args.thread_baseline)
+                results[baseline].append(row)
+                print(f"rep {rep + 1} {baseline}: {row}", file=sys.stderr)
             if peers:
                 row = procrastinate(workdir, db + "_procrastinate", args.jobs, args.sleep, args.slots)
                 results["procrastinate"].append(row)
@@ -196,6 +205,7 @@ def main() -> None:
     print("| system | worker | drain, s | jobs/s | peak RSS (VmHWM), MiB | jobs done |")
     print("|---|---|---|---|---|---|")
     workers = {"django-leasequeue": f"`runworker --async-slots {args.slots} --concurrency 1 --burst`",
+               baseline: f"`runworker --async-slots 0 --concurrency {args.thread_baseline} --burst`",
                "procrastinate": f"`procrastinate worker --concurrency={args.slots} --one-shot`"}
     for system, rows in results.items():
         if not rows:

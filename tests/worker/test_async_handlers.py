@@ -100,6 +100,21 @@ async def fenced(ctx: JobContext, key: str) -> str:
     return key
 
 
+@task(name="tests.async.long", takes_context=True)
+async def long(ctx: JobContext) -> None:
+    SEEN.append("started")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        SEEN.append("cancelled")
+        raise
+
+
+@task(name="tests.async.blocking")
+async def blocking(seconds: float) -> None:
+    time.sleep(seconds)  # noqa: ASYNC251 - the mistake the worker warns about
+
+
 @task(name="tests.async.nap")
 async def nap(seconds: float) -> int:
     RUNNING["now"] += 1  # one event loop thread: no lock needed
@@ -111,7 +126,7 @@ async def nap(seconds: float) -> int:
 
 # Registered only while this module's tests run: a registered async task makes every worker of
 # the test session claim for its event loop too (other tests count their claims exactly).
-ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, nap]
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, nap]
 for _task in ASYNC_TASKS:
     registry._REGISTRY.pop(_task.name)
 
@@ -188,12 +203,7 @@ def test_an_async_task_past_its_timeout_is_cancelled_and_its_retry_never_overlap
 
 def test_a_cancel_request_reaches_a_running_async_handler():
     job = cancellable.enqueue()
-    worker = WorkerService(concurrency=1, poll_interval=0.05, notify=False, reap=False, async_slots=10,
-                           settings=build({"HEARTBEAT_INTERVAL": 0.1}))
-    stop = threading.Event()
-    thread = threading.Thread(target=run_services, args=([worker],),
-                              kwargs={"install_signals": False, "stop_when": stop})
-    thread.start()
+    worker, stop, thread = running_worker()
     try:
         wait_for(lambda: SEEN == ["started"], timeout=20, what="the handler to start")
         assert store.job_request_cancel([job.id]).requested == 1
@@ -203,6 +213,47 @@ def test_a_cancel_request_reaches_a_running_async_handler():
         thread.join(30)
     r = row(job.id)
     assert (r.status, r.attempts, r.errors) == ("cancelled", 1, [])
+
+
+def running_worker(**settings: Any) -> tuple[WorkerService, threading.Event, threading.Thread]:
+    worker = WorkerService(concurrency=1, poll_interval=0.05, notify=False, reap=False, async_slots=10,
+                           settings=build({"HEARTBEAT_INTERVAL": 0.1, **settings}))
+    stop = threading.Event()
+    thread = threading.Thread(target=run_services, args=([worker],),
+                              kwargs={"install_signals": False, "stop_when": stop})
+    thread.start()
+    return worker, stop, thread
+
+
+def test_a_lost_lease_cancels_the_async_handler_and_writes_nothing():
+    job = long.enqueue()
+    worker, stop, thread = running_worker()
+    try:
+        wait_for(lambda: SEEN == ["started"], timeout=20, what="the handler to start")
+        token = row(job.id).lease_version
+        # Taken from this worker: released (token bumped), then cancelled while ready.
+        assert store.job_release([(job.id, token)], reason="taken over") == {job.id}
+        assert store.job_request_cancel([job.id]).cancelled == 1
+        wait_for(lambda: SEEN == ["started", "cancelled"], timeout=20, what="the handler to be cancelled")
+        wait_for(lambda: not worker.pool.inflight_snapshot(), timeout=20, what="the slot to be freed")
+    finally:
+        stop.set()
+        thread.join(30)
+    r = row(job.id)
+    assert (r.status, r.attempts, r.errors, r.lease_version) == ("cancelled", 0, [], token + 1)
+    assert [h["event"] for h in r.history].count("lease_lost") == 1
+    counts = worker.counts()
+    assert (counts.claimed, counts.lease_lost) == (1, 1)
+
+
+def test_a_blocking_call_in_an_async_handler_is_reported(caplog):
+    job = blocking.enqueue(1.6)
+    with caplog.at_level("WARNING", logger="django_leasequeue.worker"):
+        drain()
+    assert row(job.id).status == "done"
+    (warning,) = [r.getMessage() for r in caplog.records if "event loop of the async handlers" in r.getMessage()]
+    assert warning.startswith("the event loop of the async handlers has been blocked for ")
+    assert warning.endswith(f"Async jobs running: [{job.id}]")
 
 
 def test_an_async_task_snoozes():

@@ -89,7 +89,9 @@ def dsn(db: str) -> str:
 def run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, float, float]:
     """Run ``cmd`` to its end; return its exit status, wall seconds and peak RSS in MiB (``ru_maxrss``)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file, not a pipe: a worker that logs more than a pipe holds would block on it.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     deadline = t0 + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -101,9 +103,11 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int,
             break
         time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.returncode:
-        print(f"{cmd[:4]}... exited {proc.returncode}:\n{err[-3000:]}", file=sys.stderr)
+    log.seek(0)
+    err = log.read().decode(errors="replace")
+    log.close()
+    if proc.returncode or "Traceback" in err:
+        print(f"{' '.join(cmd[1:5])}... exited {proc.returncode}:\n{err[-3000:]}", file=sys.stderr)
     return proc.returncode, time.monotonic() - t0, usage.ru_maxrss / 1024
 
 

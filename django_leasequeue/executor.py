@@ -328,11 +328,12 @@ class Executor:
             began = time.monotonic()
             handler = asyncio.ensure_future(self._call_async(spec, job, ctx))
             started(handler)
-            await asyncio.wait((handler,))
             error: BaseException | None = None
             result: Any = None
             try:
-                result = handler.result()
+                # Only the handler's task is ever cancelled (never this one): a CancelledError
+                # here is the handler's, once it has ended.
+                result = await handler
             except BaseException as exc:  # noqa: BLE001 - CancelledError included: recorded below
                 error = exc
             if discarded():

@@ -23,7 +23,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -85,14 +85,17 @@ class AsyncLoop:
         a blocking call has held the loop."""
         return max(0.0, now - self.tick_at - TICK)
 
-    def spawn(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """Run the coroutine ``make()`` as a task on the loop (thread-safe; returns at once)."""
-        self.loop.call_soon_threadsafe(self._spawn, make)
+    def spawn(self, makers: Sequence[Callable[[], Coroutine[Any, Any, Any]]]) -> None:
+        """Run each coroutine ``make()`` of ``makers`` as a task on the loop (thread-safe; returns
+        at once). One wake-up of the loop for the whole batch of a claim."""
+        if makers:
+            self.loop.call_soon_threadsafe(self._spawn, makers)
 
-    def _spawn(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        task = self.loop.create_task(make())
-        self.tasks.add(task)  # a strong reference until it ends (the loop keeps only weak ones)
-        task.add_done_callback(self.tasks.discard)
+    def _spawn(self, makers: Sequence[Callable[[], Coroutine[Any, Any, Any]]]) -> None:
+        for make in makers:
+            task = self.loop.create_task(make())
+            self.tasks.add(task)  # a strong reference until it ends (the loop keeps only weak ones)
+            task.add_done_callback(self.tasks.discard)
 
     def call(self, fn: Callable[[], object]) -> None:
         """Call ``fn()`` on the loop's thread soon (thread-safe)."""

@@ -593,10 +593,9 @@ class Pool:
     def start_async(self, items: Sequence[InFlight]) -> None:
         """Start held async jobs on the event loop (started with the first one), each once
         :meth:`admit` lets it start; called by the claim loop right after the claim."""
-        for item in items:
-            if not self.admit(item):
-                continue
-            self._event_loop().spawn(functools.partial(self._run_async, item))
+        admitted = [functools.partial(self._run_async, item) for item in items if self.admit(item)]
+        if admitted:
+            self._event_loop().spawn(admitted)
 
     def _event_loop(self) -> AsyncLoop:
         with self._aio_lock:

@@ -115,6 +115,18 @@ async def blocking(seconds: float) -> None:
     time.sleep(seconds)  # noqa: ASYNC251 - the mistake the worker warns about
 
 
+@task(name="tests.async.sync_name")
+def sync_name() -> str:
+    time.sleep(0.05)
+    return threading.current_thread().name
+
+
+@task(name="tests.async.async_name")
+async def async_name() -> str:
+    await asyncio.sleep(0.05)
+    return threading.current_thread().name
+
+
 @task(name="tests.async.nap")
 async def nap(seconds: float) -> int:
     RUNNING["now"] += 1  # one event loop thread: no lock needed
@@ -126,7 +138,7 @@ async def nap(seconds: float) -> int:
 
 # Registered only while this module's tests run: a registered async task makes every worker of
 # the test session claim for its event loop too (other tests count their claims exactly).
-ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, nap]
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap]
 for _task in ASYNC_TASKS:
     registry._REGISTRY.pop(_task.name)
 
@@ -283,6 +295,19 @@ def test_many_async_jobs_run_at_once_on_one_worker():
     assert RUNNING == {"now": 0, "peak": 200}
     counts = worker.counts()
     assert (counts.claimed, counts.done) == (200, 200)
+
+
+def test_a_worker_with_both_kinds_of_tasks_fills_its_threads_and_its_async_slots():
+    sync_jobs = [sync_name.enqueue() for _ in range(6)]
+    async_jobs = [async_name.enqueue() for _ in range(30)]
+    worker = drain(async_slots=30, concurrency=2)
+    sync_rows = [row(j.id) for j in sync_jobs]
+    async_rows = [row(j.id) for j in async_jobs]
+    assert {(r.status, r.attempts) for r in sync_rows + async_rows} == {("done", 1)}
+    assert {r.result.rsplit("-", 1)[0] for r in sync_rows} == {"leasequeue-job"}
+    assert {r.result for r in async_rows} == {"leasequeue-async"}
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (36, 36)
 
 
 def test_async_slots_are_validated():

@@ -6,6 +6,11 @@ refused its completion, so that its lease is renewed meanwhile. :class:`Pool` ow
 the held-jobs table and its lock, starts held jobs on free threads (never one whose lease may be
 gone, that was cancelled meanwhile, or whose queue may be paused: see :class:`PauseView`), gives
 unstarted jobs back to ``ready`` and marks handlers past their task's timeout.
+
+Held ``async def`` jobs (``InFlight.is_async``) run on the pool's event loop instead
+(:class:`~.aio.AsyncLoop`, :meth:`Pool.start_async`), counted against ``async_slots`` apart from
+the threads; the same start check (:meth:`Pool.admit`) lets them start, and a timeout cancels
+their coroutine (:meth:`Pool.abandon`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ same concurrency key starts beside it; when it returns the attempt fails as ``Jo
 :data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs each handler in
 a child process killed at its timeout instead.
 
+``async def`` handlers run on the pool's event loop (:mod:`.aio`), up to ``async_slots`` at once
+(``ASYNC_SLOTS``), claimed apart from the threads; the heartbeat cancels one at its timeout (it
+keeps its slot and lease until its coroutine ends) or when its lease is lost, and the stop cancels
+those it released.
+
 Graceful stop (SIGTERM): stop claiming, let running jobs finish up to ``SHUTDOWN_GRACE`` seconds,
 flush completions, then release the leases still held (back to ready at once, token bumped, not a
 failed attempt). Several workers on any number of hosts are safe: claims use ``SKIP LOCKED`` and

@@ -159,6 +159,10 @@ DEFAULTS: dict[str, Any] = {
     # PREFETCH_MAX. Batches claims of short jobs; slow jobs are never prefetched. 0 disables it.
     "PREFETCH_WAIT": 0.05,
     "PREFETCH_MAX": 64,
+    # Async handlers (``async def`` tasks) run as coroutines on one event loop thread per worker,
+    # at most this many at once (``runworker --async-slots``), beside the handler threads. 0 runs
+    # them on the handler threads instead, one private event loop per attempt.
+    "ASYNC_SLOTS": 100,
     # Commit the worker's batched completions with synchronous_commit = off (per transaction, never
     # the server setting). A crash of PostgreSQL may then lose the last few hundred milliseconds of
     # completions: those jobs are leased again, and when the lease expires the reaper counts a failed
@@ -360,6 +364,7 @@ class Settings:
     rate_limits: dict[str, RateLimit] = field(default_factory=dict)
     prefetch_wait: float = 0.05
     prefetch_max: int = 64
+    async_slots: int = 100
     async_completions: bool = False
     unknown_task_grace: float | None = 300.0
     workflow_stuck_after: float = 3600.0
@@ -421,6 +426,9 @@ def build(raw: dict[str, Any] | None) -> Settings:
     prefetch_max = merged["PREFETCH_MAX"]
     if isinstance(prefetch_max, bool) or not isinstance(prefetch_max, int) or prefetch_max < 0:
         raise ConfigurationError(f"LEASEQUEUE['PREFETCH_MAX'] must be an int >= 0, got {prefetch_max!r}")
+    async_slots = merged["ASYNC_SLOTS"]
+    if isinstance(async_slots, bool) or not isinstance(async_slots, int) or async_slots < 0:
+        raise ConfigurationError(f"LEASEQUEUE['ASYNC_SLOTS'] must be an int >= 0, got {async_slots!r}")
     max_attempts = merged["MAX_ATTEMPTS"]
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
             or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
@@ -491,6 +499,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         rate_limits=rate_limits,
         prefetch_wait=float(merged["PREFETCH_WAIT"]),
         prefetch_max=prefetch_max,
+        async_slots=async_slots,
         async_completions=bool(merged["ASYNC_COMPLETIONS"]),
         unknown_task_grace=grace,
         **_build_timeouts(merged),

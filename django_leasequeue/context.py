@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from .conf import get_settings
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from .store import ClaimedJob, DependencyOutcome
 
 logger = logging.getLogger("django_leasequeue.context")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # Decides, between the heartbeat (which times a handler out) and the handler's thread (which
 # reports that it returned), which came first; held for a few instructions, once per job.
@@ -239,6 +244,63 @@ class JobContext:
             self.completed_in_transaction = False  # nothing was committed
             self.fenced_result = False
             raise
+
+    async def afenced_atomic(self, fn: Callable[Concatenate[FencedCompletion, P], T], /,
+                             *args: P.args, **kwargs: P.kwargs) -> T:
+        """The ``async def`` handler's :meth:`fenced_atomic`: run ``fn(fence, *args, **kwargs)``, a
+        plain (sync) function doing the handler's final writes with the ORM, inside
+        ``fenced_atomic()`` on a thread, and return what it returns.
+
+        Django's ORM cannot run on the event loop, and a transaction cannot span ``await``: the
+        whole block (lock and token check, ``fn``'s writes, the job's completion, the commit) runs
+        in one call of ``sync_to_async(thread_sensitive=False)``, on one of the worker's recording
+        threads with its own connection. ``thread_sensitive=False`` because the block opens and
+        commits its own transaction, so it needs no particular thread, and the default
+        (``True``) would pass every async job's transaction through one shared thread, one at a
+        time. Everything :meth:`fenced_atomic` guarantees holds: a stale token raises
+        :class:`LeaseLost` and nothing is committed.
+
+        Cancelled while the block runs (the task's timeout), it waits for the block to end before
+        it raises ``CancelledError``: the transaction then refuses to commit (the attempt timed
+        out, :class:`JobTimedOut`), and the handler's slot and lease are not let go of while it
+        still runs.
+
+        Args:
+            fn: called as ``fn(fence, *args, **kwargs)`` with the :class:`FencedCompletion`.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            LeaseLost, JobCancelled, JobTimedOut, RuntimeError: as :meth:`fenced_atomic`; and
+            what ``fn`` raised (nothing was committed then).
+        """
+        def run() -> T:
+            with self.fenced_atomic() as fence:
+                return fn(fence, *args, **kwargs)
+
+        block = asyncio.ensure_future(sync_to_async(run, thread_sensitive=False)())
+        try:
+            return await asyncio.shield(block)
+        except asyncio.CancelledError:
+            while not block.done():  # the thread runs on: wait for its transaction to end
+                try:
+                    await asyncio.wait((block,))
+                except asyncio.CancelledError:
+                    continue
+            if not block.cancelled():
+                block.exception()  # retrieved, so that asyncio does not log it as never retrieved
+            raise
+
+    async def aheartbeat(self) -> bool:
+        """The ``async def`` handler's :meth:`heartbeat` (``manual_heartbeat`` tasks): renew the
+        lease now, on a thread (``sync_to_async(thread_sensitive=False)``).
+
+        Returns:
+            True when renewed; False when the lease is lost.
+        """
+        renewed: bool = await sync_to_async(self.heartbeat, thread_sensitive=False)()
+        return renewed
 
     def _commit_landed(self, exc: BaseException) -> bool:
         """Whether the COMMIT of :meth:`fenced_atomic`, which raised ``exc``, landed all the same.

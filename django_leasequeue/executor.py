@@ -30,7 +30,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
@@ -292,40 +292,144 @@ class Executor:
             if attempt is not None:
                 self.children.leave(attempt)
 
+    async def run_async(self, job: store.ClaimedJob, ctx: JobContext, *,
+                        started: Callable[[asyncio.Task[Any]], None],
+                        in_thread: Callable[[Callable[[], str]], Awaitable[str]],
+                        discarded: Callable[[], bool]) -> str:
+        """Run the ``async def`` handler of ``job`` on the running event loop and record its outcome
+        through the same code as :meth:`run` (:meth:`_settle`, :meth:`_settle_raised`).
+
+        The handler runs in a task of its own, handed to ``started`` as it starts: the worker
+        cancels that task at the task's timeout (or when the lease is lost), and this coroutine
+        waits for it to end whatever it does with the cancellation, so that a handler that swallows
+        ``CancelledError`` keeps its slot and its lease until it really returns. Nothing here
+        blocks the loop on the database: an outcome that writes (a failure, a snooze, a cancel, a
+        result stored after ``fenced_atomic()``) is recorded through ``in_thread``, on a thread;
+        a plain success only queues its completion for the batched completer.
+
+        Args:
+            job: the claimed job; ctx: its context.
+            started: called with the handler's task once it is created.
+            in_thread: runs a recording function on a thread and returns its outcome.
+            discarded: True once the worker's stop took the job (it releases it): nothing is
+                recorded then.
+
+        Returns:
+            The outcome name, as :meth:`run`; ``released`` when ``discarded()`` was True.
+        """
+        with attempt_fields(job.id, job.task, job.queue, job.attempts, job.lease_version), \
+                tracing.process_span(job, ctx):
+            fields = self._begin(job, ctx)
+            try:
+                spec = registry.get_task(job.task)
+            except UnknownTask as exc:
+                unknown = exc
+                return await in_thread(lambda: self._fail(job, ctx, unknown, retry_delay=None, fields=fields))
+            began = time.monotonic()
+            handler = asyncio.ensure_future(self._call_async(spec, job, ctx))
+            started(handler)
+            error: BaseException | None = None
+            result: Any = None
+            try:
+                # Only the handler's task is ever cancelled (never this one): a CancelledError
+                # here is the handler's, once it has ended.
+                result = await handler
+            except BaseException as exc:  # noqa: BLE001 - CancelledError included: recorded below
+                error = exc
+            if discarded():
+                return "released"
+            if ctx.lease_lost and isinstance(error, asyncio.CancelledError):
+                # Cancelled because the heartbeat found the lease gone (and reported it): another
+                # worker may run the job now; there is nothing to write.
+                ctx.handler_returned()
+                outcome = "lease_lost"
+            else:
+                try:
+                    self._check_timed_out(spec, job, ctx, began, error,
+                                          stopped="was cancelled (async handler) at its timeout")
+                except JobTimedOut as timed_out:
+                    error = timed_out
+                if error is None and not isinstance(result, Snooze) and not ctx.completed_in_transaction:
+                    # A plain success: encoded and queued for the completer, no database call.
+                    outcome = self._settle(spec, job, ctx, fields, result)
+                else:
+                    raised = error
+
+                    def record() -> str:
+                        if raised is None:
+                            return self._settle(spec, job, ctx, fields, result)
+                        try:  # raised here so that attempt hooks see it in sys.exc_info(), as on a thread
+                            raise raised
+                        except BaseException:  # noqa: BLE001
+                            return self._settle_raised(spec, job, ctx, fields, raised)
+
+                    outcome = await in_thread(record)
+            tracing.attempt_ended(ctx, outcome)
+            return outcome
+
+    @staticmethod
+    async def _call_async(spec: Any, job: store.ClaimedJob, ctx: JobContext) -> Any:
+        args = list(job.args or [])
+        kwargs = dict(job.kwargs or {})
+        if spec.takes_context:
+            args.insert(0, ctx)
+        result = spec.func(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
     def _run(self, job: store.ClaimedJob, ctx: JobContext, *, child: bool,
              may_start: Callable[[], bool] | None) -> str:
-        fields = job_fields(job)
-        if signals.enabled("claimed"):
-            signals.emit("claimed", **fields)
-        if _HOOKS:
-            attempt_started(ctx)
+        fields = self._begin(job, ctx)
         try:
             spec = registry.get_task(job.task)
         except UnknownTask as exc:
             return self._fail(job, ctx, exc, retry_delay=None, fields=fields)
         try:
             result = self._call_timed(spec, job, ctx, child, may_start)
-            if isinstance(result, Snooze):
-                raise result
-        except _NotStarted:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are failed attempts, not dead threads
+            # Settled inside the except block: attempt hooks see the handler's error in sys.exc_info().
+            return self._settle_raised(spec, job, ctx, fields, exc)
+        return self._settle(spec, job, ctx, fields, result)
+
+    def _begin(self, job: store.ClaimedJob, ctx: JobContext) -> dict[str, Any]:
+        """Start an attempt: the ``claimed`` event and the attempt hooks. Returns its event fields."""
+        fields = job_fields(job)
+        if signals.enabled("claimed"):
+            signals.emit("claimed", **fields)
+        if _HOOKS:
+            attempt_started(ctx)
+        return fields
+
+    def _settle_raised(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any],
+                       exc: BaseException) -> str:
+        """Record the outcome of an attempt whose handler raised ``exc`` (the thread and the async
+        paths alike): a snooze, a cancel, a lost lease, or a failed attempt (retry or dead letter)."""
+        if isinstance(exc, _NotStarted):
             return "not_started"
-        except KilledAtStop:
+        if isinstance(exc, KilledAtStop):
             return "released"  # the worker's stop releases the job (an interrupted attempt)
-        except Snooze as snooze:
-            return self._snooze(job, ctx, snooze.seconds, fields)
-        except JobCancelled:
+        if isinstance(exc, Snooze):
+            return self._snooze(job, ctx, exc.seconds, fields)
+        if isinstance(exc, JobCancelled):
             return self._cancelled(job, ctx, fields)
-        except LeaseLost:
+        if isinstance(exc, LeaseLost):
             settled = report_lease_lost(ctx, write="handler", fields=fields)
             return "lease_lost" if settled is None else end_settled_attempt(ctx, settled, fields, write="handler")
-        except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are failed attempts, not dead threads
-            if ctx.completed_in_transaction:
-                # fenced_atomic() committed the job as done; an error after it changes nothing.
-                logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
-                end_attempt(ctx, "succeeded", **fields)
-                return "done"
-            decision = self._decide(spec, job, exc)
-            return self._fail(job, ctx, exc, retry_delay=decision.delay, fields=fields, decision=decision)
+        if ctx.completed_in_transaction:
+            # fenced_atomic() committed the job as done; an error after it changes nothing.
+            logger.warning("job %s raised after its fenced completion: %r", job.id, exc)
+            end_attempt(ctx, "succeeded", **fields)
+            return "done"
+        decision = self._decide(spec, job, exc)
+        return self._fail(job, ctx, exc, retry_delay=decision.delay, fields=fields, decision=decision)
+
+    def _settle(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, fields: dict[str, Any],
+                result: Any) -> str:
+        """Record the outcome of an attempt whose handler returned ``result`` (the thread and the
+        async paths alike). A plain success writes nothing here: it goes to the batched completer."""
+        if isinstance(result, Snooze):
+            return self._snooze(job, ctx, result.seconds, fields)
         if ctx.completed_in_transaction:
             # fenced_atomic() marked the job done before the handler returned. A result set in the
             # block (fence.set_result()) was committed with it and stands. Otherwise store the
@@ -384,23 +488,32 @@ class Executor:
         started = time.monotonic()
         try:
             result = self._call_in_child(spec, job, ctx, may_start) if child else self._call(spec, job, ctx)
-        except (LeaseLost, KilledAtStop, _NotStarted):
-            ctx.handler_returned()
-            raise
         except BaseException as exc:
-            if ctx.handler_returned() and not ctx.completed_in_transaction and not isinstance(exc, JobTimedOut):
-                raise self._timed_out(spec, job, started, f"raised {type(exc).__name__}") from exc
+            self._check_timed_out(spec, job, ctx, started, exc)
             raise
-        if ctx.handler_returned() and not ctx.completed_in_transaction:
-            logger.warning("job %s: discarding the return value of a handler that ran past its timeout", job.id)
-            raise self._timed_out(spec, job, started, "returned; its return value was discarded")
+        self._check_timed_out(spec, job, ctx, started, None)
         return result
 
-    @staticmethod
-    def _timed_out(spec: Any, job: store.ClaimedJob, started: float, what: str) -> JobTimedOut:
+    def _check_timed_out(self, spec: Any, job: store.ClaimedJob, ctx: JobContext, started: float,
+                         exc: BaseException | None, *, stopped: str = "could not be stopped (thread mode)") -> None:
+        """Record that the handler returned (``exc`` None) or raised ``exc``; raise
+        :class:`JobTimedOut` (from ``exc``) when it had run past its timeout meanwhile.
+
+        Args:
+            started: ``time.monotonic()`` at the handler's start.
+            stopped: how the handler was (not) stopped at the timeout, for the error's message.
+        """
+        if isinstance(exc, LeaseLost | KilledAtStop | _NotStarted):
+            ctx.handler_returned()
+            return
+        if not ctx.handler_returned() or ctx.completed_in_transaction or isinstance(exc, JobTimedOut):
+            return
+        if exc is None:
+            logger.warning("job %s: discarding the return value of a handler that ran past its timeout", job.id)
+        what = "returned; its return value was discarded" if exc is None else f"raised {type(exc).__name__}"
         took = time.monotonic() - started
-        return JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; the handler "
-                           f"could not be stopped (thread mode) and {what} after {took:.1f} s")
+        raise JobTimedOut(f"attempt {job.attempts} ran past the task's timeout of {spec.timeout:g} s; the handler "
+                          f"{stopped} and {what} after {took:.1f} s") from exc
 
     def _call_in_child(self, spec: Any, job: store.ClaimedJob, ctx: JobContext,
                        may_start: Callable[[], bool] | None = None) -> Any:

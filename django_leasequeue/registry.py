@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -123,6 +124,12 @@ class TaskSpec(Generic[P, R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)
+
+    @property
+    def is_async(self) -> bool:
+        """True when the handler is a coroutine function (``async def``): a worker with async
+        slots (``ASYNC_SLOTS``) runs it on its event loop instead of a handler thread."""
+        return inspect.iscoroutinefunction(self.func)
 
     def using(self, **options: Unpack[UsingOptions]) -> Self:
         """Return a copy with other options for the jobs it enqueues (``run_at``: an aware datetime

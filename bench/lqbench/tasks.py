@@ -103,3 +103,11 @@ def wf_callback() -> None:
 def wf_step(previous: int | None = None) -> int:
     """A chain step: return the previous step's result plus one (chain passes it in)."""
     return (previous or 0) + 1
+
+
+@task(name="bench.asleep")
+async def asleep(seconds: float) -> None:
+    """Wait ``seconds`` on the event loop (the async handlers row: ``bench/async_bench.py``)."""
+    import asyncio
+
+    await asyncio.sleep(seconds)

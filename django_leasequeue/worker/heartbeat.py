@@ -106,7 +106,10 @@ class HeartbeatService(Service):
                     # finds it settled under its token and reports nothing; its writer records it.
                     if not item.ctx.lease_lost and not item.ctx.completed_in_transaction \
                             and self.pool.holds(item):
-                        report_lease_lost(item.ctx, write="renew")
+                        if report_lease_lost(item.ctx, write="renew") is None and item.is_async:
+                            # Another worker may run the job now: stop its coroutine (a thread
+                            # cannot be stopped; its outcome is discarded when it returns).
+                            self.pool.cancel_handler(item)
                     continue
                 if renewal.cancel_requested:
                     item.ctx.mark_cancel_requested()
@@ -121,6 +124,7 @@ class HeartbeatService(Service):
                 item.next_renewal = now + item.renew_every
                 next_wake = min(next_wake, item.next_renewal)
         self.check_stuck(now)
+        self.pool.check_loop_stall(now)
         if now >= self._next_process_beat:
             self._next_process_beat = now + PROCESS_HEARTBEAT_INTERVAL
             self.beat_process()

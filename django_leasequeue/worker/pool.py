@@ -6,10 +6,17 @@ refused its completion, so that its lease is renewed meanwhile. :class:`Pool` ow
 the held-jobs table and its lock, starts held jobs on free threads (never one whose lease may be
 gone, that was cancelled meanwhile, or whose queue may be paused: see :class:`PauseView`), gives
 unstarted jobs back to ``ready`` and marks handlers past their task's timeout.
+
+Held ``async def`` jobs (``InFlight.is_async``) run on the pool's event loop instead
+(:class:`~.aio.AsyncLoop`, :meth:`Pool.start_async`), counted against ``async_slots`` apart from
+the threads; the same start check (:meth:`Pool.admit`) lets them start, and a timeout cancels
+their coroutine (:meth:`Pool.abandon`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import queue as queue_module
 import threading
@@ -26,6 +33,7 @@ from ..conf import Settings
 from ..context import JobContext
 from ..executor import Executor, job_fields, with_reconnect
 from ..runtime import check_connections_after_loss, close_broken_connections
+from .aio import STALL_WARN_AFTER, AsyncLoop
 from .completer import Completer
 
 logger = logging.getLogger("django_leasequeue.worker")
@@ -74,6 +82,10 @@ class InFlight:
     # written or refused, so no reaper takes back a job whose handler already returned.
     completing: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
+    # An ``async def`` handler run on the worker's event loop (an async slot, not a thread).
+    is_async: bool = False
+    # The asyncio task running the async handler, once started (cancelled at the timeout).
+    handler: asyncio.Task[Any] | None = field(default=None, repr=False)
 
 
 class PauseView:
@@ -164,6 +176,8 @@ class Pool:
 
     Args:
         concurrency: number of handler threads.
+        async_slots: most ``async def`` handlers run at once on the worker's event loop (0: they
+            run on the handler threads, each on a private loop).
         execution: ``"thread"`` or ``"process"`` (each handler in a child process).
         settings: validated settings (``HEARTBEAT_INTERVAL``).
         alias: the database alias. worker_id: ``host:pid:name``.
@@ -177,8 +191,9 @@ class Pool:
     completer: Completer
 
     def __init__(self, *, concurrency: int, execution: str, settings: Settings, alias: str, worker_id: str,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], async_slots: int = 0) -> None:
         self.concurrency = concurrency
+        self.async_slots = async_slots
         self.execution = execution
         self.settings = settings
         self.alias = alias
@@ -197,6 +212,18 @@ class Pool:
         self.prefetch_released = 0
         self.pause_view = PauseView(alias)
         self.pause_released = 0  # held jobs given back unstarted because their queue was paused
+        # Async handlers: how many held jobs are async (and of those, returned and completing);
+        # the claim loop fills the async slots apart from the threads.
+        self.held_async = 0
+        self.completing_async = 0
+        self.async_saturated = False
+        # A saturated claim loop is woken once this many async slots are free, so that a full
+        # event loop claims in batches rather than once per finished coroutine.
+        self.async_refill = max(1, async_slots // 20)
+        self.aio: AsyncLoop | None = None  # the event loop thread, started with the first async job
+        self._aio_lock = threading.Lock()
+        self._async_stopping = False  # the worker's stop took the async jobs still running
+        self._stall_warned = False
 
     def bind(self, *, executor: Executor, completer: Completer) -> None:
         """Attach the executor that runs the held jobs and the completer that writes their success."""
@@ -213,6 +240,7 @@ class Pool:
                 item.completing = True
                 item.deadline = None  # the handler returned: its timeout no longer applies
                 self.completing += 1
+                self.completing_async += item.is_async
         self.completer.submit(ctx, result_json)
 
     def completions_settled(self, contexts: Sequence[JobContext]) -> None:
@@ -231,14 +259,29 @@ class Pool:
     def forget_locked(self, item: InFlight) -> None:
         """Drop ``item`` from the held jobs (caller holds ``lock``); no-op if it is not held."""
         if self.inflight.get(item.job.id) is item:
-            del self.inflight[item.job.id]
+            self.unhold_locked(item)
             if item.completing:
                 self.completing -= 1
+                self.completing_async -= item.is_async
+
+    def add_locked(self, item: InFlight) -> None:
+        """Add ``item`` to the held jobs (caller holds ``lock``)."""
+        self.inflight[item.job.id] = item
+        self.held_async += item.is_async
+
+    def unhold_locked(self, item: InFlight) -> None:
+        """Remove ``item``, known to be held, from the held jobs (caller holds ``lock``)."""
+        del self.inflight[item.job.id]
+        self.held_async -= item.is_async
 
     def busy_locked(self) -> int:
-        """Held jobs that occupy a thread or wait for one (caller holds ``lock``): returned jobs
-        waiting for their completion to be written do not."""
-        return len(self.inflight) - self.completing
+        """Held thread jobs that occupy a thread or wait for one (caller holds ``lock``): returned
+        jobs waiting for their completion to be written do not, nor async jobs."""
+        return len(self.inflight) - self.held_async - (self.completing - self.completing_async)
+
+    def busy_async_locked(self) -> int:
+        """Held async jobs whose handler has not returned (caller holds ``lock``)."""
+        return self.held_async - self.completing_async
 
     def inflight_snapshot(self) -> list[InFlight]:
         """The held jobs (running and prefetched), for the heartbeat."""
@@ -269,9 +312,9 @@ class Pool:
         lease = job.lease_seconds
         try:
             spec = registry.get_task(job.task)
-            timeout, manual = spec.timeout, spec.manual_heartbeat
+            timeout, manual, is_async = spec.timeout, spec.manual_heartbeat, spec.is_async and self.async_slots > 0
         except Exception:
-            timeout, manual = None, False
+            timeout, manual, is_async = None, False, False
         # HEARTBEAT_INTERVAL is honoured, but never above a third of this job's own lease: the
         # setting defaults to LEASE/3, and a task with a shorter lease must still renew in time.
         renew_every = self.renewal_interval(lease)
@@ -282,14 +325,14 @@ class Pool:
         now = time.monotonic()
         return InFlight(job=job, ctx=ctx, lease=lease, manual_heartbeat=manual, timeout=timeout,
                         next_renewal=now + renew_every, renew_every=renew_every, claimed_at=now,
-                        lease_valid_until=now + lease)
+                        lease_valid_until=now + lease, is_async=is_async)
 
     def track(self, job: store.ClaimedJob, context_class: type[JobContext] = JobContext) -> InFlight:
         """Build the :class:`JobContext` of a claimed job and add it to the held jobs (the
         heartbeat renews it from now on); return its :class:`InFlight` record."""
         item = self.hold(job, context_class)
         with self.lock:
-            self.inflight[job.id] = item
+            self.add_locked(item)
         return item
 
     def dispatch(self, item: InFlight) -> None:
@@ -299,6 +342,11 @@ class Pool:
     def _wake_if_refill_locked(self) -> bool:
         """True when the claim loop, saturated, should claim again now (caller holds ``lock``)."""
         return self.saturated and self.busy_locked() <= self.refill_at
+
+    def _wake_if_async_refill_locked(self) -> bool:
+        """True when the claim loop, with every async slot taken, should claim again now (caller
+        holds ``lock``): ``async_refill`` slots are free."""
+        return self.async_saturated and self.async_slots - self.busy_async_locked() >= self.async_refill
 
     # -- timeouts ---------------------------------------------------------------------------------
     def abandon(self, item: InFlight) -> None:
@@ -313,15 +361,24 @@ class Pool:
         if not item.ctx.time_out():
             return
         item.timed_out = True
-        logger.warning("job %s: attempt %s ran past its task's timeout of %s s; the handler cannot be stopped "
-                       "in thread mode, so its lease is kept until it returns", item.job.id, item.job.attempts,
-                       item.timeout)
+        if item.is_async:
+            logger.warning("job %s: attempt %s ran past its task's timeout of %s s; cancelling its coroutine",
+                           item.job.id, item.job.attempts, item.timeout)
+        else:
+            logger.warning("job %s: attempt %s ran past its task's timeout of %s s; the handler cannot be stopped "
+                           "in thread mode, so its lease is kept until it returns", item.job.id, item.job.attempts,
+                           item.timeout)
         try:
             store.job_note_timed_out(item.job.id, item.job.lease_version, worker=self.worker_id,
                                      timeout=float(item.timeout or 0), alias=self.alias)
         except DatabaseError:
             logger.exception("job %s: could not record the timeout in its history", item.job.id)
             close_broken_connections()
+        if item.is_async:
+            # Cancelled once the note is written (the failure it leads to ends the lease, and the
+            # note is fenced on it). It keeps its slot and lease until its coroutine ends: one that
+            # swallows CancelledError stays stuck, as a thread would.
+            self.cancel_handler(item)
 
     def stuck(self) -> list[InFlight]:
         """The held jobs whose handler is past its task's timeout and still running (thread mode)."""
@@ -341,7 +398,7 @@ class Pool:
             items = [i for i in self.inflight.values()
                      if not i.started and (older_than is None or now - i.claimed_at > older_than)]
             for item in items:  # the threads skip them when they reach them in the queue
-                del self.inflight[item.job.id]
+                self.unhold_locked(item)
         if not items:
             return 0
         reason = "worker shutdown" if older_than is None else "prefetched job not started in time"
@@ -367,7 +424,8 @@ class Pool:
             # attempt without having run). A thread that met one in the meantime skipped it.
             with self.lock:
                 for item in items:
-                    self.inflight.setdefault(item.job.id, item)
+                    if item.job.id not in self.inflight:
+                        self.add_locked(item)
             logger.exception("could not release %d prefetched job(s); still holding them", len(items))
             return 0
         for item in items:
@@ -404,7 +462,7 @@ class Pool:
         with self.lock:
             items = [i for i in self.inflight.values() if not i.started and i.job.queue in paused]
             for item in items:  # the threads skip them when they reach them in the queue
-                del self.inflight[item.job.id]
+                self.unhold_locked(item)
         if not items:
             return 0
         released = self.release(*items, reason=PAUSED_REASON)
@@ -441,6 +499,52 @@ class Pool:
 
     def run_job(self, item: InFlight) -> bool:
         """Run one held job on this thread. Returns True when this thread must retire."""
+        if not self.admit(item):
+            return False
+        started = time.monotonic()
+        self.run_started(item, started)
+        return False
+
+    def run_started(self, item: InFlight, started: float) -> None:
+        """Run the admitted thread job ``item`` on this thread (``started``: monotonic start)."""
+        child = self.execution == "process"
+        if item.timeout and not child:  # in process mode the executor enforces the timeout itself
+            item.deadline = started + item.timeout
+        outcome = None
+        try:
+            # A session of this thread may have died unseen with its server (a restart, a failover)
+            # while the thread idled: test it now rather than fail the attempt on it.
+            check_connections_after_loss()
+            # Process mode: a child takes a second or more to set Django up, so the pause view is
+            # asked again when it is ready, just before the handler runs.
+            outcome = self.executor.run(item.job, item.ctx, child=child,
+                                        may_start=(lambda: self._still_not_paused(item)) if child else None)
+        except BaseException:  # noqa: BLE001 - never lose a handler thread
+            logger.exception("job %s: worker error outside the handler", item.job.id)
+        finally:
+            if getattr(_thread_db, "used", False):
+                close_broken_connections()
+            runtime = time.monotonic() - started
+            avg = self.avg_runtime
+            self.avg_runtime = runtime if avg is None else avg + RUNTIME_EWMA_WEIGHT * (runtime - avg)
+            with self.lock:
+                if not item.completing:  # a returned job stays held until its completion is written
+                    self.forget_locked(item)
+                wake = self._wake_if_refill_locked()
+            if wake:
+                self.wake()
+        if outcome == "not_started":  # its handler never ran: give it back, attempt refunded
+            self.pause_released += self.release(item, reason=PAUSED_REASON)
+
+    def admit(self, item: InFlight) -> bool:
+        """Decide, just before its handler starts, whether the held job ``item`` may start, and
+        mark it started if so. Otherwise it is let go of: given back to ``ready`` (its queue is
+        paused, or it is too late by this process's clock) or, its lease lost or a cancel
+        requested, dropped (a cancel recorded). Used for thread and async jobs alike.
+
+        Returns:
+            True when the handler may start now.
+        """
         view = self.pause_view
         if view.may_start(item.job.queue, time.monotonic()) is None and self.holds(item):
             # The evidence that the queue runs is too old to start on: read the paused queues
@@ -473,7 +577,7 @@ class Pool:
             verdict = view.may_start(item.job.queue, now)
             paused = not stale and not too_late and verdict is not True
             if stale or too_late or paused:
-                del self.inflight[item.job.id]
+                self.unhold_locked(item)
             else:
                 item.started = True
         if paused:
@@ -488,36 +592,93 @@ class Pool:
         if stale:
             self._drop_unstarted(item)
             return False
+        return True
+
+    # -- async handlers ---------------------------------------------------------------------------
+    def start_async(self, items: Sequence[InFlight]) -> None:
+        """Start held async jobs on the event loop (started with the first one), each once
+        :meth:`admit` lets it start; called by the claim loop right after the claim."""
+        admitted = [functools.partial(self._run_async, item) for item in items if self.admit(item)]
+        if admitted:
+            self._event_loop().spawn(admitted)
+
+    def _event_loop(self) -> AsyncLoop:
+        with self._aio_lock:
+            if self.aio is None:
+                aio = AsyncLoop()
+                aio.start()
+                self.aio = aio
+            return self.aio
+
+    async def _run_async(self, item: InFlight) -> None:
+        """One async attempt on the loop: the executor runs and records it; the slot stays taken
+        (and the lease renewed) until the handler's coroutine has ended."""
+        aio = self.aio
+        assert aio is not None
         started = time.monotonic()
-        child = self.execution == "process"
-        if item.timeout and not child:  # in process mode the executor enforces the timeout itself
+        if item.timeout:  # the heartbeat cancels the handler at this deadline (Pool.abandon)
             item.deadline = started + item.timeout
-        outcome = None
+
+        def handler_started(task: asyncio.Task[Any]) -> None:
+            item.handler = task
+            aio.handlers.add(task)
+            task.add_done_callback(aio.handlers.discard)
+            if item.timed_out or item.ctx.lease_lost:  # timed out or lost before the task existed
+                task.cancel()
+
         try:
-            # A session of this thread may have died unseen with its server (a restart, a failover)
-            # while the thread idled: test it now rather than fail the attempt on it.
-            check_connections_after_loss()
-            # Process mode: a child takes a second or more to set Django up, so the pause view is
-            # asked again when it is ready, just before the handler runs.
-            outcome = self.executor.run(item.job, item.ctx, child=child,
-                                        may_start=(lambda: self._still_not_paused(item)) if child else None)
-        except BaseException:  # noqa: BLE001 - never lose a handler thread
-            logger.exception("job %s: worker error outside the handler", item.job.id)
+            await self.executor.run_async(item.job, item.ctx, started=handler_started, in_thread=aio.in_thread,
+                                          discarded=lambda: self._async_stopping)
+        except BaseException:  # noqa: BLE001 - never lose the loop
+            logger.exception("job %s: worker error outside the async handler", item.job.id)
         finally:
-            if getattr(_thread_db, "used", False):
-                close_broken_connections()
-            runtime = time.monotonic() - started
-            avg = self.avg_runtime
-            self.avg_runtime = runtime if avg is None else avg + RUNTIME_EWMA_WEIGHT * (runtime - avg)
             with self.lock:
                 if not item.completing:  # a returned job stays held until its completion is written
                     self.forget_locked(item)
-                wake = self._wake_if_refill_locked()
+                wake = self._wake_if_async_refill_locked()
             if wake:
                 self.wake()
-        if outcome == "not_started":  # its handler never ran: give it back, attempt refunded
-            self.pause_released += self.release(item, reason=PAUSED_REASON)
-        return False
+
+    def cancel_handler(self, item: InFlight) -> None:
+        """Cancel the coroutine of the async job ``item`` (thread-safe; nothing for a thread job or
+        one whose handler has not started: :meth:`_run_async` cancels it as it starts)."""
+        aio = self.aio
+        if aio is None or not item.is_async:
+            return
+        aio.call(lambda: item.handler.cancel() if item.handler is not None else None)
+
+    def check_loop_stall(self, now: float) -> float:
+        """Warn (once per stall) when the event loop has been blocked for ``STALL_WARN_AFTER``
+        seconds or more at monotonic ``now``; called by the heartbeat. Returns the stall in seconds."""
+        aio = self.aio
+        if aio is None:
+            return 0.0
+        stalled = aio.stalled_for(now)
+        if stalled < STALL_WARN_AFTER:
+            self._stall_warned = False
+            return stalled
+        if not self._stall_warned:
+            self._stall_warned = True
+            with self.lock:
+                running = sorted(i.job.id for i in self.inflight.values() if i.is_async and i.started)
+            logger.warning("the event loop of the async handlers has been blocked for %.1f s: an async handler "
+                           "made a blocking call (time.sleep, a synchronous query...); every async job waits, "
+                           "timeouts included. Async jobs running: %s", stalled, running[:20])
+        return stalled
+
+    def stop_async(self) -> None:
+        """The worker's stop, once it released or recorded the jobs still held: cancel the async
+        handlers still running (their outcomes are not recorded) and stop the event loop."""
+        aio = self.aio
+        if aio is None:
+            return
+        self._async_stopping = True
+
+        def cancel() -> None:
+            for task in list(aio.handlers):
+                task.cancel()
+
+        aio.stop(cancel)
 
     def _still_not_paused(self, item: InFlight) -> bool:
         """The pause view's verdict for ``item``'s queue now (refreshed when older than the grace;
@@ -541,6 +702,6 @@ class Pool:
             except DatabaseError:
                 logger.exception("job %s: could not record its cancel; the lease will expire", item.job.id)
         with self.lock:
-            wake = self._wake_if_refill_locked()
+            wake = self._wake_if_async_refill_locked() if item.is_async else self._wake_if_refill_locked()
         if wake:
             self.wake()

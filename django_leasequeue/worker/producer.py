@@ -19,7 +19,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from .. import signals, store
+from .. import registry, signals, store
+from ..exceptions import UnknownTask
 from .pool import Pool
 
 logger = logging.getLogger("django_leasequeue.worker")
@@ -78,6 +79,8 @@ class Producer:
         self.claim_unsure = False
         # Jobs of claims whose reply was lost, given back (counted as claimed and as released).
         self.lost_claim_released = 0
+        # The last split of the task names into thread and async tasks (see split_tasks()).
+        self._split: tuple[tuple[str, ...], list[str], list[str]] | None = None
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -108,59 +111,116 @@ class Producer:
             # (and be refused) again before the window frees.
             return self._throttled_until - now
         pool = self.pool
+        names = self.tasks()
+        sync_names, async_names = self.split_tasks(names)
+        # A worker with no async task claims on its threads as it always did (also with no task
+        # at all: that claim finds nothing, and a burst worker learns it is drained).
+        claim_sync = bool(sync_names) or not async_names
         extra = self.prefetch_allowance()
         with pool.lock:
-            held = pool.busy_locked()
-            # Without prefetch: claim as soon as one thread is free. With it: once half the
-            # prefetched jobs were taken, so each claim brings a batch, not one job per freed thread.
-            pool.refill_at = pool.concurrency - 1 + extra // 2
-            if held > pool.refill_at:
+            want = want_async = 0
+            if claim_sync:
+                held = pool.busy_locked()
+                # Without prefetch: claim as soon as one thread is free. With it: once half the
+                # prefetched jobs were taken, so each claim brings a batch, not one job per freed thread.
+                pool.refill_at = pool.concurrency - 1 + extra // 2
                 # Decided under the lock, so a job finishing right now sees the flag and wakes us.
-                pool.saturated = True
+                pool.saturated = held > pool.refill_at
+                if not pool.saturated:
+                    want = pool.concurrency + extra - held
+            if async_names:
+                # The event loop's slots are filled apart from the threads, without prefetch: an
+                # async job starts on the loop as soon as it is claimed.
+                free = pool.async_slots - pool.busy_async_locked()
+                pool.async_saturated = free <= 0 or (pool.async_saturated and free < pool.async_refill)
+                if not pool.async_saturated:
+                    want_async = free
+            if not want and not want_async:
                 return None
-            want = pool.concurrency + extra - held
             # Read before the claim: a job of ours that ends after the claim's snapshot (a failed
             # attempt whose retry is due at once) is then not taken for "nothing left".
             idle = not pool.inflight
         if self.claim_clock_us is None:
             self.claim_clock_us = store.claim_clock_us(alias=self.alias)
+        got = 0
+        short = False
+        throttle_waits: list[float] = []
+        for kind_names, kind_want, is_async in ((sync_names, want, False), (async_names, want_async, True)):
+            if kind_want <= 0:
+                continue
+            jobs = self._claim_batch(kind_names, kind_want, now)
+            got += len(jobs)
+            items = [pool.hold(job) for job in jobs]
+            with pool.lock:
+                for item in items:
+                    pool.add_locked(item)
+                if is_async:
+                    pool.async_saturated = len(jobs) >= kind_want
+                else:
+                    pool.saturated = len(jobs) >= kind_want
+            if is_async:
+                pool.start_async(items)
+            else:
+                put = pool.tasks.put
+                for item in items:
+                    put(item)
+            if len(jobs) < kind_want:
+                short = True
+                if jobs.throttle_wait is not None:
+                    throttle_waits.append(jobs.throttle_wait)
+        self.short_claim = short
+        if throttle_waits:
+            # Throttled: sleep until the oldest claim leaves the window (capped by the poll
+            # interval, so other queues of this worker wait no longer than polling would make them).
+            self.throttled += 1
+            delay = min(self.poll_interval, min(throttle_waits) + THROTTLE_MARGIN)
+            self._throttled_until = time.monotonic() + delay
+            return delay
+        if got:
+            return 0.0
+        self.drained = idle
+        self.found_nothing = True
+        return None
+
+    def split_tasks(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """``names`` split into the tasks run on the handler threads and the ``async def`` tasks run
+        on the event loop (none when the pool has no async slots). Cached by the list of names."""
+        if self.pool.async_slots <= 0:
+            return names, []
+        key = tuple(names)
+        cached = self._split
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        sync_names: list[str] = []
+        async_names: list[str] = []
+        for name in names:
+            try:
+                is_async = registry.get_task(name).is_async
+            except UnknownTask:
+                is_async = False
+            (async_names if is_async else sync_names).append(name)
+        self._split = (key, sync_names, async_names)
+        return sync_names, async_names
+
+    def _claim_batch(self, names: list[str], want: int, sent_at: float) -> store.ClaimResult:
+        """Claim up to ``want`` jobs of the tasks ``names``; record the claim (clock, corrupt rows,
+        counts, the pause view's evidence: ``sent_at`` was read before the claim was sent)."""
         self.claim_started = time.monotonic()
         # Set until the claim's result is in hand: whatever made it raise (the connection dropped
         # in flight, or a later part of a fair claim failed after the first had committed), rows it
         # leased may be committed.
         self.claim_unsure = True
         jobs = store.job_claim(queues=self.queues, limit=want, worker_id=self.worker_id, lease=self.lease,
-                               alias=self.alias, tasks=self.tasks())
+                               alias=self.alias, tasks=names)
         self.claim_unsure = False
         if jobs.clock_us is not None:
-            self.claim_clock_us = max(self.claim_clock_us, jobs.clock_us)
+            self.claim_clock_us = max(self.claim_clock_us or 0, jobs.clock_us)
         for job_id, task, reason in jobs.corrupt:  # dead-lettered by the claim, never run
             signals.emit("dead_lettered", job_id=job_id, task=task, error="CorruptRow", message=reason)
         self.corrupt += len(jobs.corrupt)
         self.claimed += len(jobs)
-        pool.pause_view.claimed(now, jobs)  # ``now`` was read before the claim was sent
-        items = [pool.hold(job) for job in jobs]
-        with pool.lock:
-            for item in items:
-                pool.inflight[item.job.id] = item
-            pool.saturated = len(jobs) >= want
-        put = pool.tasks.put
-        for item in items:
-            put(item)
-        self.short_claim = len(jobs) < want
-        wait = jobs.throttle_wait
-        if wait is not None and len(jobs) < want:
-            # Throttled: sleep until the oldest claim leaves the window (capped by the poll
-            # interval, so other queues of this worker wait no longer than polling would make them).
-            self.throttled += 1
-            delay = min(self.poll_interval, wait + THROTTLE_MARGIN)
-            self._throttled_until = time.monotonic() + delay
-            return delay
-        if jobs:
-            return 0.0
-        self.drained = idle
-        self.found_nothing = True
-        return None
+        self.pool.pause_view.claimed(sent_at, jobs)
+        return jobs
 
     def release_lost_claims(self) -> int:
         """Give back the jobs that this worker's claims leased after the latest claim result it

@@ -25,6 +25,11 @@ same concurrency key starts beside it; when it returns the attempt fails as ``Jo
 :data:`EXIT_STUCK`, for its supervisor to restart it. ``EXECUTION = "process"`` runs each handler in
 a child process killed at its timeout instead.
 
+``async def`` handlers run on the pool's event loop (:mod:`.aio`), up to ``async_slots`` at once
+(``ASYNC_SLOTS``), claimed apart from the threads; the heartbeat cancels one at its timeout (it
+keeps its slot and lease until its coroutine ends) or when its lease is lost, and the stop cancels
+those it released.
+
 Graceful stop (SIGTERM): stop claiming, let running jobs finish up to ``SHUTDOWN_GRACE`` seconds,
 flush completions, then release the leases still held (back to ready at once, token bumped, not a
 failed attempt). Several workers on any number of hosts are safe: claims use ``SKIP LOCKED`` and
@@ -102,9 +107,12 @@ class WorkerService(RegisteredService):
             ``PREFETCH_WAIT`` setting; 0 disables prefetching).
         prefetch_max: most jobs held beyond the threads (None: the ``PREFETCH_MAX`` setting).
         execution: ``"thread"`` or ``"process"`` (None: the ``EXECUTION`` setting).
+        async_slots: most ``async def`` handlers run at once on the worker's event loop, beside
+            the ``concurrency`` threads (None: the ``ASYNC_SLOTS`` setting; 0: async handlers run
+            on the threads, each on a private event loop).
 
     Raises:
-        ValueError: ``concurrency`` below 1, a ``lease`` outside (0, 7 days], a queue name
+        ValueError: ``async_slots`` below 0, ``concurrency`` below 1, a ``lease`` outside (0, 7 days], a queue name
             outside the grammar of :func:`~django_leasequeue.conf.queue_name_problem`, or an unknown
             ``execution``.
     """
@@ -116,11 +124,14 @@ class WorkerService(RegisteredService):
                  poll_interval: float | None = None, burst: bool = False, worker_name: str | None = None,
                  notify: bool | None = None, reap: bool = True, settings: Settings | None = None,
                  prefetch_wait: float | None = None, prefetch_max: int | None = None,
-                 execution: str | None = None) -> None:
+                 execution: str | None = None, async_slots: int | None = None) -> None:
         super().__init__()
         self.settings = settings or get_settings()
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        self.async_slots = self.settings.async_slots if async_slots is None else async_slots
+        if isinstance(self.async_slots, bool) or not isinstance(self.async_slots, int) or self.async_slots < 0:
+            raise ValueError(f"async_slots must be an int >= 0, got {self.async_slots!r}")
         if isinstance(queues, str):
             raise ValueError(f"queues must be a list of queue names or None, got the str {queues!r}")
         self.queues = list(queues) if queues is not None else None
@@ -150,8 +161,11 @@ class WorkerService(RegisteredService):
         self.execution = execution or self.settings.execution
         if self.execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {self.execution!r}")
+        # Process mode runs every handler in a child process, async ones too (asyncio.run there).
+        if self.execution == "process":
+            self.async_slots = 0
         self.pool = Pool(concurrency=concurrency, execution=self.execution, settings=self.settings,
-                         alias=self.alias, worker_id=self.worker_id, wake=self.wake)
+                         alias=self.alias, worker_id=self.worker_id, wake=self.wake, async_slots=self.async_slots)
         self.completer = Completer(alias=self.alias, on_flush=self._after_completions,
                                    synchronous_commit=not self.settings.async_completions,
                                    on_settled=self.pool.completions_settled,
@@ -249,12 +263,19 @@ class WorkerService(RegisteredService):
         stuck = self.stuck()
         if not stuck or self.exit_code:
             return False
-        bound = self.settings.stuck_handlers_max or self.concurrency
+        # Stuck threads count against the threads, stuck coroutines (cancelled at their timeout,
+        # still running: they swallowed the CancelledError) against the async slots.
+        threads = [i for i in stuck if not i.is_async]
+        coroutines = [i for i in stuck if i.is_async]
         longest = max(now - (i.deadline or now) for i in stuck)
         after = self.settings.stuck_exit_after
-        if len(stuck) >= bound:
-            why = ("1 handler stuck past its timeout" if len(stuck) == 1
-                   else f"{len(stuck)} handlers stuck past their timeout") + f" (STUCK_HANDLERS_MAX: {bound})"
+        over = [(kind, bound) for kind, bound in ((threads, self.settings.stuck_handlers_max or self.concurrency),
+                                                  (coroutines, self.settings.stuck_handlers_max or self.async_slots))
+                if kind and len(kind) >= bound]
+        if over:
+            count, bound = len(over[0][0]), over[0][1]
+            why = ("1 handler stuck past its timeout" if count == 1
+                   else f"{count} handlers stuck past their timeout") + f" (STUCK_HANDLERS_MAX: {bound})"
         elif after is not None and longest >= after:
             why = f"a handler stuck {longest:.0f} s past its timeout (STUCK_EXIT_AFTER: {after:g} s)"
         else:
@@ -299,8 +320,8 @@ class WorkerService(RegisteredService):
         self.heartbeat.start()
         if self.listener is not None:
             self.listener.start()
-        logger.info("worker %s started: queues=%s concurrency=%s lease=%ss", self.worker_id,
-                    self.queues or "*", self.concurrency, self.lease)
+        logger.info("worker %s started: queues=%s concurrency=%s async_slots=%s lease=%ss", self.worker_id,
+                    self.queues or "*", self.concurrency, self.async_slots, self.lease)
 
     def run_once(self) -> float:
         with self._wait_lock:
@@ -437,6 +458,9 @@ class WorkerService(RegisteredService):
                             len(released), self.settings.shutdown_grace)
             except DatabaseError:
                 logger.exception("could not release leases; they will expire and be reaped")
+        # Async handlers still running were released (or recorded as timed out) above: cancel them
+        # without recording anything more, and stop the event loop.
+        self.pool.stop_async()
         self.heartbeat.stop()
         self.heartbeat.join()
         self.pool.stop_threads()

@@ -116,8 +116,11 @@ LEASEQUEUE = {
     # LEASEQUEUE_EXTRA_TASKS=1 gives a worker qa.deploy_tasks too: the newer worker of a rolling
     # deploy, side by side with one that does not know those tasks.
     # TESTPROJECT_TRACE_FILE (the process test of traces, qa.otel) gives it qa.traced_tasks.
+    # LEASEQUEUE_ASYNC_TASKS=1 gives it qa.async_tasks (async def handlers; elsewhere they would make
+    # every worker of the test session claim for its event loop too).
     "IMPORTS": ["invoices.framework_tasks", *(["qa.deploy_tasks"] if os.environ.get("LEASEQUEUE_EXTRA_TASKS") else []),
-                *(["qa.traced_tasks"] if os.environ.get("TESTPROJECT_TRACE_FILE") else [])],
+                *(["qa.traced_tasks"] if os.environ.get("TESTPROJECT_TRACE_FILE") else []),
+                *(["qa.async_tasks"] if os.environ.get("LEASEQUEUE_ASYNC_TASKS") else [])],
     # Seconds before a job of a task no live worker knows is dead-lettered (0 in the tests of that).
     "UNKNOWN_TASK_GRACE": float(os.environ.get("LEASEQUEUE_UNKNOWN_TASK_GRACE", "300")),
     # Queue options as JSON, e.g. '{"rated": {"rate_limit": "20/s"}}' (flow-control tests).

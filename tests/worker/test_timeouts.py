@@ -173,7 +173,7 @@ def test_the_stuck_handler_exit_line_says_job_or_jobs(monkeypatch, caplog, ids, 
     from django_leasequeue.worker import EXIT_STUCK, WorkerService
 
     worker = WorkerService(concurrency=len(ids), burst=True, notify=False, reap=False)
-    stuck = [SimpleNamespace(job=SimpleNamespace(id=i), deadline=0.0, timed_out=True) for i in ids]
+    stuck = [SimpleNamespace(job=SimpleNamespace(id=i), deadline=0.0, timed_out=True, is_async=False) for i in ids]
     monkeypatch.setattr(worker, "stuck", lambda: stuck)
     with caplog.at_level("ERROR", logger="django_leasequeue"):
         assert worker.check_stuck(now=1.0)

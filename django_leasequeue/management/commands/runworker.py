@@ -27,6 +27,9 @@ class Command(BaseCommand):
         parser.add_argument("--queues", default=None,
                             help="comma-separated queues to serve; '*' (default) serves every queue")
         parser.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
+        parser.add_argument("--async-slots", type=int, default=None,
+                            help="most async def handlers run at once on the worker's event loop, beside the "
+                                 "threads; 0 runs them on the threads (default: LEASEQUEUE['ASYNC_SLOTS'], 100)")
         parser.add_argument("--lease", type=float, default=None,
                             help="default lease in seconds for tasks without their own, at most 604800 (7 days) "
                                  "(default: LEASEQUEUE['LEASE'])")
@@ -69,6 +72,8 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown queue(s) {unknown}; LEASEQUEUE['QUEUES'] has {sorted(settings.queues)}")
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
+        if options["async_slots"] is not None and options["async_slots"] < 0:
+            raise CommandError("--async-slots must be >= 0")
         problem = check_lease_seconds(options["lease"], "--lease") if options["lease"] is not None else None
         if problem:
             raise CommandError(problem)
@@ -78,7 +83,8 @@ class Command(BaseCommand):
         worker = WorkerService(queues=queues, concurrency=options["concurrency"], lease=options["lease"],
                                poll_interval=options["poll_interval"], burst=options["burst"],
                                worker_name=options["worker_id"], notify=False if options["no_notify"] else None,
-                               reap=not options["no_reaper"], settings=settings, execution=options["execution"])
+                               reap=not options["no_reaper"], settings=settings, execution=options["execution"],
+                               async_slots=options["async_slots"])
         # The worker sets it when it decides to exit (handlers stuck past their timeout), so that
         # a scheduler running in the same process stops too.
         worker.exit_event = threading.Event()

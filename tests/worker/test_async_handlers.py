@@ -1,0 +1,320 @@
+"""``async def`` handlers on the worker's event loop: outcomes, timeouts, cancels, snoozes, fencing,
+and many handlers at once on one worker (in-process workers on the real database)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from qa.models import Effect
+
+from django_leasequeue import registry, store, task
+from django_leasequeue.conf import build
+from django_leasequeue.context import FencedCompletion, JobContext
+from django_leasequeue.exceptions import LeaseLost, Snooze
+from django_leasequeue.models import Job
+from django_leasequeue.runtime import run_services
+from django_leasequeue.worker import WorkerService
+from tests.support import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# What the handlers saw, per test (cleared by the fixture below).
+TIMED_OUT = "django_leasequeue.exceptions.JobTimedOut"
+
+SEEN: list[Any] = []
+RUNNING = {"now": 0, "peak": 0}
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    SEEN.clear()
+    RUNNING.update(now=0, peak=0)
+
+
+@task(name="tests.async.add")
+async def add(a: int, b: int) -> int:
+    SEEN.append(threading.current_thread().name)
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(name="tests.async.boom", max_attempts=2, backoff=0)
+async def boom() -> None:
+    await asyncio.sleep(0)
+    raise ValueError("boom")
+
+
+@task(name="tests.async.hang", takes_context=True, timeout=0.5, max_attempts=2, backoff=0)
+async def hang(ctx: JobContext, swallow: bool) -> str:
+    SEEN.append(("start", ctx.attempt, time.monotonic()))
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        SEEN.append(("cancelled", ctx.attempt, time.monotonic()))
+        if not swallow:
+            raise
+        await asyncio.sleep(1.0)  # swallowed: goes on past its timeout, then returns
+    SEEN.append(("end", ctx.attempt, time.monotonic()))
+    return "late"
+
+
+@task(name="tests.async.cancellable", takes_context=True)
+async def cancellable(ctx: JobContext) -> str:
+    SEEN.append("started")
+    for _ in range(600):
+        ctx.check_cancel()
+        await asyncio.sleep(0.05)
+    return "not cancelled"
+
+
+@task(name="tests.async.snoozing", takes_context=True)
+async def snoozing(ctx: JobContext) -> str:
+    await asyncio.sleep(0)
+    raise Snooze(3600)
+
+
+@task(name="tests.async.fenced", takes_context=True, max_attempts=3)
+async def fenced(ctx: JobContext, key: str) -> str:
+    if not SEEN:
+        # Another worker takes the job over first: our token is stale by the time we write.
+        SEEN.append(("stolen", ctx.lease_version))
+        await sync_to_async(store.job_release, thread_sensitive=False)([(ctx.job_id, ctx.lease_version)],
+                                                                       reason="taken over")
+
+    def write(fence: FencedCompletion, key: str) -> int:
+        Effect.objects.create(key=key, job_id=ctx.job_id, lease_version=ctx.lease_version)
+        fence.set_result(key)
+        return Effect.objects.count()
+
+    try:
+        count = await ctx.afenced_atomic(write, key)
+    except LeaseLost:
+        SEEN.append(("refused", ctx.lease_version))
+        raise
+    SEEN.append(("written", ctx.lease_version, count))
+    return key
+
+
+@task(name="tests.async.long", takes_context=True)
+async def long(ctx: JobContext) -> None:
+    SEEN.append("started")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        SEEN.append("cancelled")
+        raise
+
+
+@task(name="tests.async.blocking")
+async def blocking(seconds: float) -> None:
+    time.sleep(seconds)  # noqa: ASYNC251 - the mistake the worker warns about
+
+
+@task(name="tests.async.sync_name")
+def sync_name() -> str:
+    time.sleep(0.05)
+    return threading.current_thread().name
+
+
+@task(name="tests.async.async_name")
+async def async_name() -> str:
+    await asyncio.sleep(0.05)
+    return threading.current_thread().name
+
+
+@task(name="tests.async.nap")
+async def nap(seconds: float) -> int:
+    RUNNING["now"] += 1  # one event loop thread: no lock needed
+    RUNNING["peak"] = max(RUNNING["peak"], RUNNING["now"])
+    await asyncio.sleep(seconds)
+    RUNNING["now"] -= 1
+    return 1
+
+
+# Registered only while this module's tests run: a registered async task makes every worker of
+# the test session claim for its event loop too (other tests count their claims exactly).
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap]
+for _task in ASYNC_TASKS:
+    registry._REGISTRY.pop(_task.name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    for spec in ASYNC_TASKS:
+        registry.register_task(spec)
+    yield
+    for spec in ASYNC_TASKS:
+        registry._REGISTRY.pop(spec.name, None)
+
+
+def drain(*, async_slots: int = 50, concurrency: int = 2, **settings: Any) -> WorkerService:
+    worker = WorkerService(concurrency=concurrency, burst=True, poll_interval=0.05, notify=False, reap=False,
+                           async_slots=async_slots, settings=build(settings) if settings else None)
+    assert run_services([worker], install_signals=False) == 0
+    return worker
+
+
+def row(job_id: int) -> Job:
+    return Job.objects.get(pk=job_id)
+
+
+def test_an_async_task_completes_with_its_return_value_on_the_event_loop():
+    jobs = [add.enqueue(i, 1) for i in range(5)]
+    worker = drain()
+    assert [(row(j.id).status, row(j.id).result, row(j.id).attempts) for j in jobs] == [
+        ("done", i + 1, 1) for i in range(5)]
+    assert set(SEEN) == {"leasequeue-async"}  # the loop's thread, not a handler thread
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (5, 5)
+    assert worker.pool.aio is not None and not worker.pool.aio._thread.is_alive()  # stopped with the worker
+
+
+def test_with_no_async_slots_an_async_task_runs_on_a_handler_thread():
+    job = add.enqueue(2, 3)
+    worker = drain(async_slots=0)
+    assert (row(job.id).status, row(job.id).result) == ("done", 5)
+    assert SEEN[0].startswith("leasequeue-job-")
+    assert worker.pool.aio is None
+
+
+def test_an_async_task_that_raises_is_retried_then_dead_lettered():
+    job = boom.enqueue()
+    drain()
+    r = row(job.id)
+    assert (r.status, r.attempts) == ("dead", 2)
+    assert [(e["type"], e["message"], e["attempt"]) for e in r.errors] == [
+        ("builtins.ValueError", "boom", 1), ("builtins.ValueError", "boom", 2)]
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+def test_an_async_task_past_its_timeout_is_cancelled_and_its_retry_never_overlaps_it(swallow):
+    """The coroutine is cancelled at the timeout: one failed attempt (JobTimedOut) per attempt; a
+    handler that swallows the CancelledError keeps its slot and lease until it returns, so its
+    retry starts only after it ended."""
+    job = hang.enqueue(swallow)
+    drain()
+    r = row(job.id)
+    assert (r.status, r.attempts) == ("dead", 2)
+    assert [(e["type"], e["attempt"]) for e in r.errors] == [(TIMED_OUT, 1), (TIMED_OUT, 2)]
+    assert "was cancelled (async handler) at its timeout" in r.errors[0]["message"]
+    kinds = [(kind, attempt) for kind, attempt, _ in SEEN]
+    if swallow:
+        assert kinds == [("start", 1), ("cancelled", 1), ("end", 1), ("start", 2), ("cancelled", 2), ("end", 2)]
+        end_1 = next(t for kind, attempt, t in SEEN if (kind, attempt) == ("end", 1))
+        start_2 = next(t for kind, attempt, t in SEEN if (kind, attempt) == ("start", 2))
+        assert start_2 >= end_1  # no overlap
+    else:
+        assert kinds == [("start", 1), ("cancelled", 1), ("start", 2), ("cancelled", 2)]
+    assert [h["event"] for h in r.history].count("timed_out") == 2
+
+
+def test_a_cancel_request_reaches_a_running_async_handler():
+    job = cancellable.enqueue()
+    worker, stop, thread = running_worker()
+    try:
+        wait_for(lambda: SEEN == ["started"], timeout=20, what="the handler to start")
+        assert store.job_request_cancel([job.id]).requested == 1
+        wait_for(lambda: row(job.id).status == "cancelled", timeout=20, what="the cancel")
+    finally:
+        stop.set()
+        thread.join(30)
+    r = row(job.id)
+    assert (r.status, r.attempts, r.errors) == ("cancelled", 1, [])
+
+
+def running_worker(**settings: Any) -> tuple[WorkerService, threading.Event, threading.Thread]:
+    worker = WorkerService(concurrency=1, poll_interval=0.05, notify=False, reap=False, async_slots=10,
+                           settings=build({"HEARTBEAT_INTERVAL": 0.1, **settings}))
+    stop = threading.Event()
+    thread = threading.Thread(target=run_services, args=([worker],),
+                              kwargs={"install_signals": False, "stop_when": stop})
+    thread.start()
+    return worker, stop, thread
+
+
+def test_a_lost_lease_cancels_the_async_handler_and_writes_nothing():
+    job = long.enqueue()
+    worker, stop, thread = running_worker()
+    try:
+        wait_for(lambda: SEEN == ["started"], timeout=20, what="the handler to start")
+        token = row(job.id).lease_version
+        # Taken from this worker: released (token bumped), then cancelled while ready.
+        assert store.job_release([(job.id, token)], reason="taken over") == {job.id}
+        assert store.job_request_cancel([job.id]).cancelled == 1
+        wait_for(lambda: SEEN == ["started", "cancelled"], timeout=20, what="the handler to be cancelled")
+        wait_for(lambda: not worker.pool.inflight_snapshot(), timeout=20, what="the slot to be freed")
+    finally:
+        stop.set()
+        thread.join(30)
+    r = row(job.id)
+    assert (r.status, r.attempts, r.errors, r.lease_version) == ("cancelled", 0, [], token + 1)
+    assert [h["event"] for h in r.history].count("lease_lost") == 1
+    counts = worker.counts()
+    assert (counts.claimed, counts.lease_lost) == (1, 1)
+
+
+def test_a_blocking_call_in_an_async_handler_is_reported(caplog):
+    job = blocking.enqueue(1.6)
+    with caplog.at_level("WARNING", logger="django_leasequeue.worker"):
+        drain()
+    assert row(job.id).status == "done"
+    (warning,) = [r.getMessage() for r in caplog.records if "event loop of the async handlers" in r.getMessage()]
+    assert warning.startswith("the event loop of the async handlers has been blocked for ")
+    assert warning.endswith(f"Async jobs running: [{job.id}]")
+
+
+def test_an_async_task_snoozes():
+    job = snoozing.enqueue()
+    drain()
+    r = row(job.id)
+    assert (r.status, r.attempts, r.snoozes, r.errors) == ("ready", 0, 1, [])
+
+
+def test_a_fenced_write_of_an_async_handler_under_a_stale_token_is_refused():
+    job = fenced.enqueue("k1")
+    drain()
+    r = row(job.id)
+    stolen_token = SEEN[0][1]
+    assert SEEN[:2] == [("stolen", stolen_token), ("refused", stolen_token)]
+    (written,) = SEEN[2:]
+    assert written[0] == "written" and written[1] > stolen_token and written[2] == 1
+    assert [(e.key, e.lease_version) for e in Effect.objects.filter(job_id=job.id)] == [("k1", written[1])]
+    assert (r.status, r.result, r.lease_version) == ("done", "k1", written[1])
+
+
+def test_many_async_jobs_run_at_once_on_one_worker():
+    """200 jobs that each sleep 0.2 s on 200 async slots and 2 threads: all 200 run at once."""
+    jobs = [nap.enqueue(0.2) for _ in range(200)]
+    worker = drain(async_slots=200, concurrency=2)
+    assert Job.objects.filter(id__in=[j.id for j in jobs], status="done").count() == 200
+    assert RUNNING == {"now": 0, "peak": 200}
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (200, 200)
+
+
+def test_a_worker_with_both_kinds_of_tasks_fills_its_threads_and_its_async_slots():
+    sync_jobs = [sync_name.enqueue() for _ in range(6)]
+    async_jobs = [async_name.enqueue() for _ in range(30)]
+    worker = drain(async_slots=30, concurrency=2)
+    sync_rows = [row(j.id) for j in sync_jobs]
+    async_rows = [row(j.id) for j in async_jobs]
+    assert {(r.status, r.attempts) for r in sync_rows + async_rows} == {("done", 1)}
+    assert {r.result.rsplit("-", 1)[0] for r in sync_rows} == {"leasequeue-job"}
+    assert {r.result for r in async_rows} == {"leasequeue-async"}
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (36, 36)
+
+
+def test_async_slots_are_validated():
+    with pytest.raises(ValueError, match="async_slots must be an int >= 0"):
+        WorkerService(async_slots=-1)
+    from django_leasequeue.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"ASYNC_SLOTS'\] must be an int >= 0"):
+        build({"ASYNC_SLOTS": -1})
+    assert build({}).async_slots == 100

@@ -120,7 +120,14 @@ def dead_letter_unknown_tasks(settings: Settings, *, now: datetime | None = None
 
 
 def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
-    """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count."""
+    """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count.
+
+    With ``HISTORY`` set, first move the done jobs older than ``HISTORY_MOVE_AFTER`` into the
+    time-partitioned history and drop its partitions past ``RETENTION``
+    (:func:`move_to_history`); the pruner then deletes what stayed in the job table.
+    """
+    if settings.history is not None:
+        move_to_history(settings, now=now, alias=alias)
     if settings.retention is None:
         return 0
     total = 0
@@ -129,6 +136,22 @@ def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | 
         total += deleted
         if deleted < settings.prune_batch:
             return total
+
+
+def move_to_history(settings: Settings, *, now: datetime | None = None,
+                    alias: str | None = None) -> store.HistoryRun | None:
+    """With ``HISTORY`` set: create the history's partitions ahead, move the done jobs finished
+    more than ``HISTORY_MOVE_AFTER`` ago into them, drop the partitions past ``RETENTION``
+    (:func:`~django_leasequeue.store.history_maintain`). Returns what it did, or None when
+    ``HISTORY`` is off."""
+    if settings.history is None:
+        return None
+    run = store.history_maintain(settings.history, move_after=settings.history_move_after,
+                                 retention=settings.retention, batch=settings.prune_batch, now=now, alias=alias)
+    if run.created or run.moved or run.dropped:
+        logger.info("history: moved %d done job(s), created partitions %s, dropped partitions %s",
+                    run.moved, run.created, run.dropped)
+    return run
 
 
 def fold_stats(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> store.StatFold:

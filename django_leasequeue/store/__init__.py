@@ -34,6 +34,8 @@ Where to look, and where a new statement goes:
                     sequence, the list of halted sequences
 ``workflows``       building workflows and batches (their rows, steps and dependency edges),
                     closing a batch, a workflow's counts and results, a job's dependencies
+``history``         the time-partitioned history (opt-in): its partitions, moving done jobs
+                    into it, dropping partitions past retention, reading a moved job
 ``testing``         statements only the testing helpers use (claim ids, expire a lease, make
                     due, the session clock offset)
 ==================  ===========================================================================
@@ -164,6 +166,23 @@ from .lease import (
     job_set_result,
     job_settled_under,
     job_snooze,
+)
+from .history import (
+    HISTORY_GET,
+    HISTORY_MOVE,
+    HISTORY_PERIODS,
+    HISTORY_TABLE,
+    PARTITIONS_AHEAD,
+    HistoryPartition,
+    HistoryRun,
+    Moved,
+    history_drop_partitions,
+    history_ensure_partitions,
+    history_get,
+    history_maintain,
+    history_move,
+    history_partitions,
+    history_window,
 )
 from .lost_claims import CLAIM_CLOCK_US, JOB_RELEASE_LOST_CLAIMS, claim_clock_us, job_release_lost_claims
 from .maintenance import (
@@ -337,6 +356,9 @@ __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRec
             "schedule_record_paused"]
 __all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]
 __all__ += ["FLOW_RULES"]
+__all__ += ["HISTORY_GET", "HISTORY_MOVE", "HISTORY_PERIODS", "HISTORY_TABLE", "PARTITIONS_AHEAD", "HistoryPartition",
+            "HistoryRun", "Moved", "history_drop_partitions", "history_ensure_partitions", "history_get",
+            "history_maintain", "history_move", "history_partitions", "history_window"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",

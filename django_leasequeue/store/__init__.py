@@ -136,6 +136,23 @@ from .flow import (
     queue_resume,
     queue_throttled_totals,
 )
+from .history import (
+    HISTORY_GET,
+    HISTORY_MOVE,
+    HISTORY_PERIODS,
+    HISTORY_TABLE,
+    PARTITIONS_AHEAD,
+    HistoryPartition,
+    HistoryRun,
+    Moved,
+    history_drop_partitions,
+    history_ensure_partitions,
+    history_get,
+    history_maintain,
+    history_move,
+    history_partitions,
+    history_window,
+)
 from .keys import JOB_CLAIM_FAIR, fair_order, rate_key_log
 from .lease import (
     JOB_CANCEL_LEASED,
@@ -166,23 +183,6 @@ from .lease import (
     job_set_result,
     job_settled_under,
     job_snooze,
-)
-from .history import (
-    HISTORY_GET,
-    HISTORY_MOVE,
-    HISTORY_PERIODS,
-    HISTORY_TABLE,
-    PARTITIONS_AHEAD,
-    HistoryPartition,
-    HistoryRun,
-    Moved,
-    history_drop_partitions,
-    history_ensure_partitions,
-    history_get,
-    history_maintain,
-    history_move,
-    history_partitions,
-    history_window,
 )
 from .lost_claims import CLAIM_CLOCK_US, JOB_RELEASE_LOST_CLAIMS, claim_clock_us, job_release_lost_claims
 from .maintenance import (

@@ -140,6 +140,7 @@ from .history import (
     HISTORY_GET,
     HISTORY_MOVE,
     HISTORY_PERIODS,
+    HISTORY_SET_RESULT,
     HISTORY_TABLE,
     PARTITIONS_AHEAD,
     HistoryPartition,
@@ -151,6 +152,7 @@ from .history import (
     history_maintain,
     history_move,
     history_partitions,
+    history_set_result,
     history_window,
 )
 from .keys import JOB_CLAIM_FAIR, fair_order, rate_key_log
@@ -358,7 +360,8 @@ __all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]
 __all__ += ["FLOW_RULES"]
 __all__ += ["HISTORY_GET", "HISTORY_MOVE", "HISTORY_PERIODS", "HISTORY_TABLE", "PARTITIONS_AHEAD", "HistoryPartition",
             "HistoryRun", "Moved", "history_drop_partitions", "history_ensure_partitions", "history_get",
-            "history_maintain", "history_move", "history_partitions", "history_window"]
+            "history_maintain", "history_move", "history_partitions", "history_window",
+            "HISTORY_SET_RESULT", "history_set_result"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",

@@ -383,3 +383,26 @@ def history_get(job_id: int, *, alias: str | None = None) -> Job | None:
     alias = alias or db_alias()
     jobs = _jobs_from_rows(_run(HISTORY_GET, {"id": job_id}, alias=alias).rows, alias)
     return jobs[0] if jobs else None
+
+
+# A late result (store.job_set_result) for a done job that has moved meanwhile: the same fence as
+# in the job table (the token and 'done'). A moved job is in no workflow and has no dependents
+# (they stay in the job table), so none of JOB_SET_RESULT's notes about released dependents apply.
+# Read only after the job table had no such row: a mover that was deleting it has committed by
+# then (the job table's UPDATE waited for its lock), and this statement's snapshot sees the row in
+# the history.
+HISTORY_SET_RESULT = f"""
+UPDATE {HISTORY_TABLE} SET result = %(result)s::jsonb
+WHERE id = %(id)s AND lease_version = %(version)s AND status = 'done'
+"""
+
+
+def history_set_result(job_id: int, version: int, result_json: str, *, alias: str | None = None) -> bool:
+    """Record ``result_json`` as the result of the moved job ``job_id``, done under token ``version``.
+
+    Returns:
+        True when written; False when the history has no such job done under that token.
+    """
+    written: int = _run(HISTORY_SET_RESULT, {"id": job_id, "version": version, "result": result_json},
+                        alias=alias).rowcount
+    return written == 1

@@ -148,6 +148,21 @@ def test_done_jobs_move_in_batches_once_each_and_what_is_still_read_stays_hot():
 
 
 @pytest.mark.django_db
+def test_a_late_result_reaches_a_job_that_moved_meanwhile_under_its_fence_only():
+    # fenced_atomic() completed the job; the handler returned after HISTORY_MOVE_AFTER, when the job
+    # had moved: its result is written in the history, fenced on the token as in the job table.
+    now = store.db_now() + timedelta(days=10)
+    job_id = enqueue(member, [1]).id
+    (claimed,) = store.job_claim_ids([job_id], worker_id="t", lease=30)
+    assert store.job_complete([(claimed.id, claimed.lease_version, None)]) == {job_id}
+    Job.objects.filter(pk=job_id).update(finished_at=now - timedelta(hours=1))
+    assert store.history_maintain("hour", move_after=60, retention=DAY, now=now).moved == 1
+    assert store.job_set_result(job_id, claimed.lease_version + 1, '"stale"') is False
+    assert store.job_set_result(job_id, claimed.lease_version, '"late"') is True
+    assert hot_ids() == [] and store.job_get(job_id).result == "late"
+
+
+@pytest.mark.django_db
 def test_a_batch_moves_exactly_the_next_rows_in_finish_order_from_its_start():
     now = store.db_now() + timedelta(days=10)
     old = now - timedelta(hours=3)

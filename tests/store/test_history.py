@@ -229,6 +229,22 @@ def test_prune_once_moves_when_history_is_on_and_leaves_everything_when_off():
     assert history_ids() == rows and hot_ids() == []
 
 
+@pytest.mark.django_db
+def test_a_failed_history_step_is_logged_and_the_pruner_still_runs(caplog):
+    # A partition attached by hand where ours would go: creating ours fails (it would overlap), and
+    # the pruner after it still deletes what is past retention.
+    now = store.db_now() + timedelta(days=10)
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE {H}_by_hand PARTITION OF {H} FOR VALUES FROM (%s) TO (%s)",
+                    [now - timedelta(hours=1), now + timedelta(hours=1)])
+    insert_finished("done", now - timedelta(days=2), 3)  # past retention: the pruner's
+    recent = insert_finished("done", now - timedelta(hours=2), 2)
+    on = build({"RETENTION": DAY, "HISTORY": "hour", "HISTORY_MOVE_AFTER": 60})
+    assert prune_once(on, now=now) == 3
+    assert hot_ids() == recent and history_ids() == []
+    assert "the maintenance of the time-partitioned history failed" in caplog.text
+
+
 def test_settings_refuse_bad_history_values():
     with pytest.raises(ConfigurationError, match="'HISTORY'] must be None"):
         build({"HISTORY": "week"})

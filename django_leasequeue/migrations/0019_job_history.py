@@ -11,8 +11,11 @@
 # partitioned table's unique index must include the partition key, and the id is already unique
 # (it was the hot table's primary key, and a job is moved once). The index on id serves the
 # lookups of a moved job's result (one probe per partition).
+#
+# The sweep record gains the mover's place (as 0017 gave the pruner its own): three nullable
+# columns without defaults, catalog only.
 
-from django.db import migrations
+from django.db import migrations, models
 
 FORWARD = [
     "CREATE TABLE leasequeue_job_history (LIKE leasequeue_job INCLUDING DEFAULTS) PARTITION BY RANGE (finished_at)",
@@ -29,4 +32,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(FORWARD, reverse_sql=BACKWARD),
+        migrations.AddField(model_name="reapersweep", name="history_pass_started_at",
+                            field=models.DateTimeField(blank=True, null=True)),
+        migrations.AddField(model_name="reapersweep", name="history_from_finished_at",
+                            field=models.DateTimeField(blank=True, null=True)),
+        migrations.AddField(model_name="reapersweep", name="history_from_id",
+                            field=models.BigIntegerField(blank=True, null=True)),
     ]

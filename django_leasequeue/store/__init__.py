@@ -140,6 +140,8 @@ from .history import (
     HISTORY_GET,
     HISTORY_MOVE,
     HISTORY_PERIODS,
+    HISTORY_PLACE,
+    HISTORY_PLACE_SAVE,
     HISTORY_SET_RESULT,
     HISTORY_TABLE,
     PARTITIONS_AHEAD,
@@ -361,7 +363,7 @@ __all__ += ["FLOW_RULES"]
 __all__ += ["HISTORY_GET", "HISTORY_MOVE", "HISTORY_PERIODS", "HISTORY_TABLE", "PARTITIONS_AHEAD", "HistoryPartition",
             "HistoryRun", "Moved", "history_drop_partitions", "history_ensure_partitions", "history_get",
             "history_maintain", "history_move", "history_partitions", "history_window",
-            "HISTORY_SET_RESULT", "history_set_result"]
+            "HISTORY_SET_RESULT", "history_set_result", "HISTORY_PLACE", "HISTORY_PLACE_SAVE"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",

@@ -29,7 +29,8 @@ from datetime import UTC, datetime, timedelta
 from django.db import connections, transaction
 
 from ..models import Job
-from ._db import _JOB_COLUMN_LIST, JOB_TABLE, _jobs_from_rows, _run, db_alias, db_now
+from ._db import _JOB_COLUMN_LIST, JOB_TABLE, NEVER_SWEPT, SWEEP_TABLE, _jobs_from_rows, _run, db_alias, db_now
+from .maintenance import PRUNE_FULL_PASS_EVERY
 from .workflows import DEPENDENCY_TABLE
 
 #: The partitioned parent (migration 0019).
@@ -324,6 +325,35 @@ def history_move(*, lower: datetime, upper: datetime, from_id: int = 0, limit: i
     return Moved(int(count), first_at, first_id)
 
 
+# The mover's place, kept in the one-row sweep record like the pruner's (store.JOB_PRUNE_SAVE, and
+# see JOB_PRUNE for why there and not in the process): the pass it belongs to, and the first row
+# the last batch moved. A maintenance continues from it, so it does not walk again the index
+# entries of what earlier maintenances moved (until vacuum removes them) nor the done jobs that
+# stay (a retained unique key, a workflow member), which may be many. Rows passed over (locked at
+# that moment, finished behind the place by a clock set back) are found by the next pass, which
+# starts at the bottom of the window every PRUNE_FULL_PASS_EVERY seconds.
+HISTORY_PLACE = f"""
+SELECT history_pass_started_at, history_from_finished_at, history_from_id FROM {SWEEP_TABLE} WHERE id = 1
+"""
+
+# Within a pass the place only moves forward (two maintenances at once: the furthest wins); a new
+# pass (%(restart)s) sets it outright, NULL (the bottom) when it moved nothing. Only if the pass is
+# still the one the maintenance read (%(pass_read)s): when another one began a new pass
+# meanwhile, its place stands. Before any sweep the row does not exist: it is created "never swept".
+_HISTORY_PLACE_MOVES = ("%(restart)s OR s.history_from_finished_at IS NULL OR (EXCLUDED.history_from_finished_at, "
+                        "EXCLUDED.history_from_id) > (s.history_from_finished_at, s.history_from_id)")
+HISTORY_PLACE_SAVE = f"""
+INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, history_pass_started_at, history_from_finished_at, history_from_id)
+VALUES (1, {NEVER_SWEPT}, %(pass_at)s, %(from_at)s, %(from_id)s)
+ON CONFLICT (id) DO UPDATE SET
+    history_pass_started_at = EXCLUDED.history_pass_started_at,
+    history_from_finished_at = CASE WHEN {_HISTORY_PLACE_MOVES} THEN EXCLUDED.history_from_finished_at
+                                    ELSE s.history_from_finished_at END,
+    history_from_id = CASE WHEN {_HISTORY_PLACE_MOVES} THEN EXCLUDED.history_from_id ELSE s.history_from_id END
+WHERE s.history_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
+"""
+
+
 @dataclass(frozen=True)
 class HistoryRun:
     """What one :func:`history_maintain` did."""
@@ -333,22 +363,51 @@ class HistoryRun:
     dropped: list[str]
 
 
+def _move_window(lower: datetime, upper: datetime, batch: int, *, start: tuple[datetime, int],
+                 alias: str) -> tuple[int, tuple[datetime, int] | None]:
+    """Move batches from ``start`` until one comes back short; the count and the first row of the
+    last batch that moved any (the next start), or None when none moved."""
+    moved, place = 0, None
+    at, from_id = start
+    while True:
+        step = history_move(lower=at, upper=upper, from_id=from_id, limit=batch, alias=alias)
+        moved += step.count
+        if step.first_at is None or step.first_id is None:
+            return moved, place
+        place = (step.first_at, step.first_id)
+        if step.count < batch:
+            return moved, place
+        at, from_id = place
+
+
 def history_maintain(period: str, *, move_after: float, retention: float | None, batch: int = 1000,
-                     now: datetime | None = None, alias: str | None = None) -> HistoryRun:
+                     full_pass_every: float = PRUNE_FULL_PASS_EVERY, now: datetime | None = None,
+                     alias: str | None = None) -> HistoryRun:
     """One maintenance of the history: create the partitions ahead (and back to ``RETENTION``),
     move every movable done job finished more than ``move_after`` seconds ago, a batch per
     statement, then drop the partitions past ``retention``.
+
+    The move continues from the place the last maintenance recorded in the sweep record
+    (whichever process ran it); every ``full_pass_every`` seconds a pass starts again from the
+    bottom of the window, which moves the jobs passed over since.
 
     Args:
         period: ``"hour"`` or ``"day"`` (``HISTORY``).
         move_after: seconds a done job stays in the hot table (``HISTORY_MOVE_AFTER``).
         retention: seconds (``RETENTION``); None: partitions are never dropped.
         batch: jobs per move statement (``PRUNE_BATCH``).
+        full_pass_every: seconds between two passes from the bottom of the window.
         now: aware datetime instead of the database clock (tests).
         alias: database alias; default the job table's.
 
     Returns:
         A :class:`HistoryRun`: partitions created and dropped, jobs moved.
+
+    Raises:
+        ValueError: ``period`` is not ``"hour"`` or ``"day"``.
+        django.db.DatabaseError: a partition could not be created or dropped (the history table
+            locked past :data:`PARTITION_LOCK_TIMEOUT`, a partition attached by hand where ours
+            goes), or a moved row found no partition: that step changed nothing.
     """
     alias = alias or db_alias()
     now = now or db_now(alias)
@@ -357,13 +416,18 @@ def history_maintain(period: str, *, move_after: float, retention: float | None,
     window = history_window(history_partitions(alias=alias), now=now, after=move_after, retention=retention)
     if window is not None:
         lower, upper = window
-        from_id = 0
-        while True:
-            step = history_move(lower=lower, upper=upper, from_id=from_id, limit=batch, alias=alias)
-            moved += step.count
-            if step.count < batch or step.first_at is None or step.first_id is None:
-                break
-            lower, from_id = step.first_at, step.first_id
+        pass_read, from_at, from_id = _run(HISTORY_PLACE, alias=alias).one() or (None, None, None)
+        restart = (pass_read is None or pass_read > now
+                   or pass_read <= now - timedelta(seconds=full_pass_every))
+        start = (lower, 0)
+        if not restart and from_at is not None and from_id is not None and (from_at, from_id) > start:
+            start = (from_at, int(from_id))
+        moved, place = _move_window(lower, upper, batch, start=start, alias=alias)
+        if restart or place is not None:
+            _run(HISTORY_PLACE_SAVE, {"restart": restart, "pass_read": pass_read,
+                                      "pass_at": now if restart else pass_read,
+                                      "from_at": place[0] if place else None,
+                                      "from_id": place[1] if place else None}, alias=alias)
     dropped = history_drop_partitions(older_than=retention, now=now, alias=alias) if retention is not None else []
     return HistoryRun(created, moved, dropped)
 

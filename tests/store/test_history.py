@@ -14,7 +14,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django_leasequeue import Batch, store
 from django_leasequeue.conf import ConfigurationError, build
 from django_leasequeue.enqueueing import enqueue, task
-from django_leasequeue.models import Job
+from django_leasequeue.models import Job, ReaperSweep
 from django_leasequeue.reaper import prune_once
 
 DAY = 86400.0
@@ -180,6 +180,36 @@ def test_a_batch_moves_exactly_the_next_rows_in_finish_order_from_its_start():
     assert step.count == 1 and history_ids() == rows[:9] and hot_ids() == rows[9:]
     with pytest.raises(ValueError, match="limit must be 1 or more"):
         store.history_move(lower=lower, upper=upper, limit=0)
+
+
+def history_place() -> tuple[datetime | None, int | None, datetime | None]:
+    row = ReaperSweep.objects.get()
+    return row.history_from_finished_at, row.history_from_id, row.history_pass_started_at
+
+
+@pytest.mark.django_db
+def test_the_move_continues_from_its_place_in_the_sweep_record_and_a_new_pass_starts_at_the_bottom():
+    now = store.db_now() + timedelta(days=10)
+    old = now - timedelta(hours=3)
+    # Done jobs that stay (a retained unique key each) at the bottom of the window: a maintenance
+    # that started there every time would walk them all, every time.
+    for i in range(4):
+        insert_finished("done", old, 1, unique_key=f"stays-{i}")
+    rows = insert_finished("done", old + timedelta(seconds=10), 7, step=1)
+    assert store.history_maintain("hour", move_after=60, retention=DAY, batch=3, now=now).moved == 7
+    # The place: the first row of the last batch that moved (batches of 3, 3 and 1).
+    assert history_place() == (old + timedelta(seconds=16), rows[6], now)
+    # A job finished behind the place (a clock set back) is passed over by the next maintenance of
+    # the same pass, which starts at the place ...
+    behind = insert_finished("done", old + timedelta(seconds=5), 1)
+    later = now + timedelta(minutes=1)
+    assert store.history_maintain("hour", move_after=60, retention=DAY, batch=3, now=later).moved == 0
+    assert history_place() == (old + timedelta(seconds=16), rows[6], now)
+    # ... and moved by the next pass, from the bottom, once the full-pass interval has passed.
+    full = now + timedelta(seconds=store.PRUNE_FULL_PASS_EVERY)
+    assert store.history_maintain("hour", move_after=60, retention=DAY, batch=3, now=full).moved == 1
+    assert history_place() == (old + timedelta(seconds=5), behind[0], full)
+    assert history_ids() == sorted(rows + behind)
 
 
 @pytest.mark.django_db

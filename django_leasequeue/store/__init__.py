@@ -144,6 +144,7 @@ from .history import (
     HISTORY_PLACE_SAVE,
     HISTORY_SET_RESULT,
     HISTORY_TABLE,
+    PARTITION_LOCK_TIMEOUT,
     PARTITIONS_AHEAD,
     HistoryPartition,
     HistoryRun,
@@ -363,7 +364,8 @@ __all__ += ["FLOW_RULES"]
 __all__ += ["HISTORY_GET", "HISTORY_MOVE", "HISTORY_PERIODS", "HISTORY_TABLE", "PARTITIONS_AHEAD", "HistoryPartition",
             "HistoryRun", "Moved", "history_drop_partitions", "history_ensure_partitions", "history_get",
             "history_maintain", "history_move", "history_partitions", "history_window",
-            "HISTORY_SET_RESULT", "history_set_result", "HISTORY_PLACE", "HISTORY_PLACE_SAVE"]
+            "HISTORY_SET_RESULT", "history_set_result", "HISTORY_PLACE", "HISTORY_PLACE_SAVE",
+            "PARTITION_LOCK_TIMEOUT"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",

@@ -34,7 +34,9 @@ One round, on the variant's database:
    benchmark compresses that into seconds). Without it the heap of either variant only grows,
    as no dead tuple is reclaimed for reuse. Autovacuum stays on besides.
 
-Reported at each checkpoint (jobs passed through per variant): claim ms p50 / p95 of that round,
+Reported at each checkpoint (jobs passed through per variant): claim ms p50 / p95 of that round
+and the shared buffers one claim reads (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back: independent
+of the machine's load),
 the hot table's heap and index sizes (``pg_relation_size``, ``pg_indexes_size``), its live and
 dead tuples, the history's total size and partitions, and the maintenance's ms per 1,000 jobs.
 Figures go to ``build/bench/history.json``, the table to stdout and ``build/bench/history.md``.
@@ -138,6 +140,7 @@ class Variant:
             claimed = store.job_claim(queues=["default"], limit=1, worker_id="bench", lease=30.0)
             claims.append((time.perf_counter() - t0) * 1000.0)
             store.job_complete([(c.id, c.lease_version, "null") for c in claimed], now=self.clock)
+        buffers = claim_buffers()
         with connection.cursor() as cur:
             cur.execute("SELECT min(id) FROM leasequeue_job WHERE status = 'ready'")
             first = cur.fetchone()[0] or 0
@@ -170,10 +173,29 @@ class Variant:
             heap, index, live, dead, autovacuums, history, parts, history_rows = cur.fetchone()
         return {"variant": self.name, "passed": self.passed, "clock": self.clock.isoformat(),
                 "claim_p50": statistics.median(claims), "claim_p95": percentile(claims, 95),
+                "claim_buffers": buffers,
                 "heap": heap, "index": index, "live": live, "dead": dead, "autovacuums": autovacuums,
                 "history": history, "partitions": parts, "history_rows": history_rows, "maint_jobs": jobs,
                 "vacuum_ms": vacuum_ms,
                 "maint_ms_per_1000": took / jobs * 1000.0 if jobs else None, "load": loadavg()}
+
+
+def claim_buffers() -> int:
+    """Shared buffers (hit + read) of one single-job claim, ``EXPLAIN (ANALYZE, BUFFERS)`` of the
+    worker's statement (``store.JOB_CLAIM``), rolled back: what the claim reads, whatever the load."""
+    import uuid
+
+    from django.db import connection, transaction
+
+    from django_leasequeue import store
+
+    params = {"now": None, "limit": 1, "worker": "bench", "lease": 30.0, "claim": uuid.uuid4().hex[:16],
+              "tasks": None, "all_tasks": True, "queues": ["default"]}
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.JOB_CLAIM, params)
+        plan = cur.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
 
 
 def mib(n: int) -> str:
@@ -188,12 +210,14 @@ def report(cfg: argparse.Namespace, rows: list[dict], results: dict) -> str:
              f"PostgreSQL {results['server_version']}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              "Fast drain by direct UPDATE (one write per job instead of a worker's two); autovacuum on"
              f"{', and a VACUUM of the job table after each round' if cfg.vacuum else ''}.", "",
-             "| variant | jobs passed | claim ms p50 / p95 | hot heap MiB | hot indexes MiB | hot rows / dead tuples "
+             "| variant | jobs passed | claim ms p50 / p95 | claim buffers | hot heap MiB | hot indexes MiB "
+             "| hot rows / dead tuples "
              "| history rows, MiB (partitions) | maintenance ms per 1,000 jobs | VACUUM ms | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         per = f"{r['maint_ms_per_1000']:.0f}" if r["maint_ms_per_1000"] is not None else "–"
         lines.append(f"| {r['variant']} | {r['passed']:,} | {r['claim_p50']:.2f} / {r['claim_p95']:.2f} "
+                     f"| {r['claim_buffers']:,} "
                      f"| {mib(r['heap'])} | {mib(r['index'])} | {r['live']:,} / {r['dead']:,} "
                      f"| {r['history_rows']:,}, {mib(r['history'])} ({r['partitions']}) | {per} "
                      f"| {r['vacuum_ms'] if r['vacuum_ms'] is None else round(r['vacuum_ms'])} | {r['load']} |")
@@ -251,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 if r["passed"] in marks:
                     rows.append(r)
                     log(f"{v.name}: {r['passed']:,} jobs, claim p50 {r['claim_p50']:.2f} ms p95 "
-                        f"{r['claim_p95']:.2f} ms, heap {mib(r['heap'])} MiB, indexes {mib(r['index'])} MiB, "
+                        f"{r['claim_p95']:.2f} ms, {r['claim_buffers']} buffers, heap {mib(r['heap'])} MiB, "
+                        f"indexes {mib(r['index'])} MiB, "
                         f"dead {r['dead']:,}, history {mib(r['history'])} MiB in {r['partitions']} partitions, "
                         f"load {r['load']}")
     finally:

@@ -510,8 +510,12 @@ def build(raw: dict[str, Any] | None) -> Settings:
     )
 
 
-#: The partition sizes ``HISTORY`` accepts besides None (store.HISTORY_PERIODS).
-HISTORY_PERIODS = ("hour", "day")
+#: The partition sizes ``HISTORY`` accepts besides None (store.HISTORY_PERIODS), in seconds.
+HISTORY_PERIOD_SECONDS = {"hour": 3600.0, "day": 86400.0}
+HISTORY_PERIODS = tuple(HISTORY_PERIOD_SECONDS)
+#: The most partitions ``RETENTION`` may keep (``RETENTION`` / the period): 41 days of hours, or
+#: 2.7 years of days.
+MAX_HISTORY_PARTITIONS = 1000
 
 
 def _build_history(merged: dict[str, Any]) -> dict[str, Any]:
@@ -520,7 +524,7 @@ def _build_history(merged: dict[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigurationError: ``HISTORY`` not None, "hour" or "day"; ``HISTORY_MOVE_AFTER`` not a
             finite number of seconds from 0, or not below ``RETENTION`` (the job would be pruned
-            before it could move).
+            before it could move); ``RETENTION`` over :data:`MAX_HISTORY_PARTITIONS` periods.
     """
     history = merged["HISTORY"]
     if history is not None and history not in HISTORY_PERIODS:
@@ -530,6 +534,11 @@ def _build_history(merged: dict[str, Any]) -> dict[str, Any]:
         raise ConfigurationError(f"LEASEQUEUE['HISTORY_MOVE_AFTER'] must be a finite number of seconds from 0, "
                                  f"got {after!r}")
     retention = merged["RETENTION"]
+    if (history is not None and retention is not None
+            and retention / HISTORY_PERIOD_SECONDS[history] > MAX_HISTORY_PARTITIONS):
+        raise ConfigurationError(
+            f"LEASEQUEUE['HISTORY'] {history!r} with RETENTION {retention:g} s would keep more than "
+            f"{MAX_HISTORY_PARTITIONS} partitions (each lookup of a moved job probes every one): use 'day'")
     if history is not None and retention is not None and after >= retention:
         raise ConfigurationError(f"LEASEQUEUE['HISTORY_MOVE_AFTER'] ({after:g}) must be below RETENTION "
                                  f"({retention:g}): done jobs would be pruned before they could move")

@@ -157,8 +157,10 @@ def history_ensure_partitions(period: str, *, back: float | None, ahead: int = P
             upper = lower + step
             if not any(p.lower < upper and lower < p.upper for p in existing):
                 name = _partition_name(lower, period)
-                cur.execute(f"CREATE TABLE {name} PARTITION OF {HISTORY_TABLE} FOR VALUES FROM (%s) TO (%s)",
-                            [lower, upper])
+                # Bounds written as literals (computed here, UTC ISO 8601): DDL takes no bound
+                # parameters when the connection binds server-side.
+                cur.execute(f"CREATE TABLE {name} PARTITION OF {HISTORY_TABLE} FOR VALUES "
+                            f"FROM ('{lower.isoformat()}') TO ('{upper.isoformat()}')")
                 created.append(name)
             lower = upper
     return created

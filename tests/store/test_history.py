@@ -282,6 +282,9 @@ def test_settings_refuse_bad_history_values():
         build({"HISTORY": "day", "HISTORY_MOVE_AFTER": -1})
     with pytest.raises(ConfigurationError, match="must be below RETENTION"):
         build({"HISTORY": "day", "HISTORY_MOVE_AFTER": 3600, "RETENTION": 600})
+    with pytest.raises(ConfigurationError, match="more than 1000 partitions"):
+        build({"HISTORY": "hour", "RETENTION": 1001 * 3600})
+    assert build({"HISTORY": "hour", "RETENTION": 1000 * 3600}).history == "hour"
     assert build({"HISTORY": "day", "HISTORY_MOVE_AFTER": 30, "RETENTION": None}).history_move_after == 30.0
 
 

@@ -132,6 +132,13 @@ DEFAULTS: dict[str, Any] = {
     # Finished (done/cancelled) jobs are deleted this many seconds after finishing; None keeps them.
     "RETENTION": 7 * 24 * 3600.0,
     "PRUNE_BATCH": 1000,
+    # Time-partitioned history for high volume (docs/howto/history.md): None (off: finished jobs
+    # stay in the job table until the pruner deletes them), "hour" or "day": done jobs move into
+    # the partitions of leasequeue_job_history, one per hour or day, which are dropped whole past
+    # RETENTION. Dead and cancelled jobs, and jobs still read where they are, stay.
+    "HISTORY": None,
+    # Seconds a done job stays in the job table before it moves into the history (HISTORY set).
+    "HISTORY_MOVE_AFTER": 300.0,
     # Workers elect one of them (through the process registry) to run the periodic maintenance
     # that runreaper runs: prune finished jobs by RETENTION, stale process rows and rate logs, fold
     # the chart counters. False: leave it to a runreaper process.
@@ -201,7 +208,7 @@ _DURATIONS = {
     "LEASE", "HEARTBEAT_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "POLL_INTERVAL",
     "REAPER_INTERVAL", "SHUTDOWN_GRACE", "RETENTION", "PROCESS_ALIVE_WITHIN", "PROCESS_PRUNE_AFTER",
     "PREFETCH_WAIT", "STUCK_EXIT_AFTER", "UNKNOWN_TASK_GRACE", "WORKFLOW_STUCK_AFTER",
-    "STATS_RETENTION", "MAINTENANCE_INTERVAL",
+    "STATS_RETENTION", "MAINTENANCE_INTERVAL", "HISTORY_MOVE_AFTER",
 }
 
 #: The longest ``WORKFLOW_STUCK_AFTER``, in seconds (366 days): a workflow idle for a year is stuck
@@ -351,6 +358,9 @@ class Settings:
     notify_channel: str
     retention: float | None
     prune_batch: int
+    #: ``HISTORY``: None (off), "hour" or "day" (the history table's partition size).
+    history: str | None = None
+    history_move_after: float = 300.0
     imports: tuple[str, ...] = field(default=())
     max_snoozes: int = 100
     worker_maintenance: bool = True
@@ -491,6 +501,7 @@ def build(raw: dict[str, Any] | None) -> Settings:
         notify_channel=str(merged["NOTIFY_CHANNEL"]),
         retention=merged["RETENTION"],
         prune_batch=int(merged["PRUNE_BATCH"]),
+        **_build_history(merged),
         imports=tuple(merged["IMPORTS"]),
         max_snoozes=int(merged["MAX_SNOOZES"]),
         worker_maintenance=merged["WORKER_MAINTENANCE"],
@@ -506,6 +517,41 @@ def build(raw: dict[str, Any] | None) -> Settings:
         max_result_bytes=max_result,
         fair_queues=fair_queues,
     )
+
+
+#: The partition sizes ``HISTORY`` accepts besides None (store.HISTORY_PERIODS), in seconds.
+HISTORY_PERIOD_SECONDS = {"hour": 3600.0, "day": 86400.0}
+HISTORY_PERIODS = tuple(HISTORY_PERIOD_SECONDS)
+#: The most partitions ``RETENTION`` may keep (``RETENTION`` / the period): 41 days of hours, or
+#: 2.7 years of days.
+MAX_HISTORY_PARTITIONS = 1000
+
+
+def _build_history(merged: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``HISTORY`` and ``HISTORY_MOVE_AFTER`` of a merged ``LEASEQUEUE`` dict.
+
+    Raises:
+        ConfigurationError: ``HISTORY`` not None, "hour" or "day"; ``HISTORY_MOVE_AFTER`` not a
+            finite number of seconds from 0, or not below ``RETENTION`` (the job would be pruned
+            before it could move); ``RETENTION`` over :data:`MAX_HISTORY_PARTITIONS` periods.
+    """
+    history = merged["HISTORY"]
+    if history is not None and history not in HISTORY_PERIODS:
+        raise ConfigurationError(f"LEASEQUEUE['HISTORY'] must be None (off), 'hour' or 'day', got {history!r}")
+    after = merged["HISTORY_MOVE_AFTER"]
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < float("inf"):
+        raise ConfigurationError(f"LEASEQUEUE['HISTORY_MOVE_AFTER'] must be a finite number of seconds from 0, "
+                                 f"got {after!r}")
+    retention = merged["RETENTION"]
+    if (history is not None and retention is not None
+            and retention / HISTORY_PERIOD_SECONDS[history] > MAX_HISTORY_PARTITIONS):
+        raise ConfigurationError(
+            f"LEASEQUEUE['HISTORY'] {history!r} with RETENTION {retention:g} s would keep more than "
+            f"{MAX_HISTORY_PARTITIONS} partitions (each lookup of a moved job probes every one): use 'day'")
+    if history is not None and retention is not None and after >= retention:
+        raise ConfigurationError(f"LEASEQUEUE['HISTORY_MOVE_AFTER'] ({after:g}) must be below RETENTION "
+                                 f"({retention:g}): done jobs would be pruned before they could move")
+    return {"history": history, "history_move_after": float(after)}
 
 
 #: The handler execution modes (``EXECUTION``, ``runworker --execution``).

@@ -664,6 +664,12 @@ class ReaperSweep(models.Model):
     prune_pass_started_at = models.DateTimeField(null=True, blank=True)
     prune_from_finished_at = models.DateTimeField(null=True, blank=True)
     prune_from_id = models.BigIntegerField(null=True, blank=True)
+    # The same for the move of done jobs into the time-partitioned history (store.history_maintain,
+    # LEASEQUEUE["HISTORY"]): its pass began at history_pass_started_at, and its next batch walks
+    # from (history_from_finished_at, history_from_id), the first row the last batch moved.
+    history_pass_started_at = models.DateTimeField(null=True, blank=True)
+    history_from_finished_at = models.DateTimeField(null=True, blank=True)
+    history_from_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "leasequeue_reaper_sweep"

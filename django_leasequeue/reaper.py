@@ -25,6 +25,8 @@ import logging
 import time
 from datetime import datetime
 
+from django.db import DatabaseError
+
 from . import signals, store
 from .conf import Settings, get_settings
 from .processes import RegisteredService, make_process_id
@@ -120,7 +122,14 @@ def dead_letter_unknown_tasks(settings: Settings, *, now: datetime | None = None
 
 
 def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> int:
-    """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count."""
+    """Delete done/cancelled jobs older than ``RETENTION`` in small batches; return the count.
+
+    With ``HISTORY`` set, first move the done jobs older than ``HISTORY_MOVE_AFTER`` into the
+    time-partitioned history and drop its partitions past ``RETENTION``
+    (:func:`move_to_history`); the pruner then deletes what stayed in the job table.
+    """
+    if settings.history is not None:
+        move_to_history(settings, now=now, alias=alias)
     if settings.retention is None:
         return 0
     total = 0
@@ -129,6 +138,30 @@ def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | 
         total += deleted
         if deleted < settings.prune_batch:
             return total
+
+
+def move_to_history(settings: Settings, *, now: datetime | None = None,
+                    alias: str | None = None) -> store.HistoryRun | None:
+    """With ``HISTORY`` set: create the history's partitions ahead, move the done jobs finished
+    more than ``HISTORY_MOVE_AFTER`` ago into them, drop the partitions past ``RETENTION``
+    (:func:`~django_leasequeue.store.history_maintain`). Returns what it did, or None when
+    ``HISTORY`` is off or the step failed (a database error, logged; nothing half-moved)."""
+    if settings.history is None:
+        return None
+    # A failed step (the history table locked past the partition lock timeout, a partition attached
+    # by hand where ours would go) must not stop the pruner that follows: the jobs that did not move
+    # stay in the job table, and the next maintenance tries again.
+    try:
+        run = store.history_maintain(settings.history, move_after=settings.history_move_after,
+                                     retention=settings.retention, batch=settings.prune_batch, now=now, alias=alias)
+    except DatabaseError:
+        logger.exception("history: the maintenance of the time-partitioned history failed; the jobs stay "
+                         "in the job table until the next maintenance")
+        return None
+    if run.created or run.moved or run.dropped:
+        logger.info("history: moved %d done job(s), created partitions %s, dropped partitions %s",
+                    run.moved, run.created, run.dropped)
+    return run
 
 
 def fold_stats(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> store.StatFold:

@@ -34,6 +34,8 @@ Where to look, and where a new statement goes:
                     sequence, the list of halted sequences
 ``workflows``       building workflows and batches (their rows, steps and dependency edges),
                     closing a batch, a workflow's counts and results, a job's dependencies
+``history``         the time-partitioned history (opt-in): its partitions, moving done jobs
+                    into it, dropping partitions past retention, reading a moved job
 ``testing``         statements only the testing helpers use (claim ids, expire a lease, make
                     due, the session clock offset)
 ==================  ===========================================================================
@@ -133,6 +135,28 @@ from .flow import (
     queue_paused_names,
     queue_resume,
     queue_throttled_totals,
+)
+from .history import (
+    HISTORY_GET,
+    HISTORY_MOVE,
+    HISTORY_PERIODS,
+    HISTORY_PLACE,
+    HISTORY_PLACE_SAVE,
+    HISTORY_SET_RESULT,
+    HISTORY_TABLE,
+    PARTITION_LOCK_TIMEOUT,
+    PARTITIONS_AHEAD,
+    HistoryPartition,
+    HistoryRun,
+    Moved,
+    history_drop_partitions,
+    history_ensure_partitions,
+    history_get,
+    history_maintain,
+    history_move,
+    history_partitions,
+    history_set_result,
+    history_window,
 )
 from .keys import JOB_CLAIM_FAIR, fair_order, rate_key_log
 from .lease import (
@@ -337,6 +361,11 @@ __all__ += ["JOB_COALESCE", "SCHEDULE_RECORD_PAUSED", "CoalescedJob", "PausedRec
             "schedule_record_paused"]
 __all__ += ["PAUSE_GRACE", "PAUSE_MARGIN", "queue_pause_wait"]
 __all__ += ["FLOW_RULES"]
+__all__ += ["HISTORY_GET", "HISTORY_MOVE", "HISTORY_PERIODS", "HISTORY_TABLE", "PARTITIONS_AHEAD", "HistoryPartition",
+            "HistoryRun", "Moved", "history_drop_partitions", "history_ensure_partitions", "history_get",
+            "history_maintain", "history_move", "history_partitions", "history_window",
+            "HISTORY_SET_RESULT", "history_set_result", "HISTORY_PLACE", "HISTORY_PLACE_SAVE",
+            "PARTITION_LOCK_TIMEOUT"]
 __all__ += [
     "DEPENDENCY_LOCK",
     "DEPENDENCY_TABLE",

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ._db import CLOCK, CLOCK_WAKING, JOB_TABLE, TOKEN_MAX, _dumps, _notify_channel, _run
+from .history import history_set_result
 from .workflows import DEPENDENCY_TABLE, WORKFLOW_TABLE
 
 # Extend the leases of many jobs at once. Only leased_until changes, and leased_until is in no
@@ -542,12 +543,16 @@ def job_set_result(job_id: int, version: int, result_json: str, *, alias: str | 
     When a dependent that takes results was already released by the job's completion, it received
     null for this job; the job's history then gets a ``result_after_release`` entry saying so.
 
+    A job moved into the time-partitioned history since (``LEASEQUEUE["HISTORY"]``) gets the
+    result there.
+
     Returns:
         True when written; False when the job is not done under that token (nothing written).
     """
     written: int = _run(JOB_SET_RESULT, {"now": None, "id": job_id, "version": version, "result": result_json},
                         alias=alias).rowcount
-    return written == 1
+    # Moved into the time-partitioned history meanwhile (HISTORY_MOVE_AFTER passed): written there.
+    return written == 1 or history_set_result(job_id, version, result_json, alias=alias)
 
 
 # A late return value (after fenced_atomic() marked the job done) that could not be stored: the

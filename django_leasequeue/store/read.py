@@ -29,6 +29,7 @@ from ._db import (
     _run,
     db_alias,
 )
+from .history import history_get
 
 # Queue figures in one statement, so every count is from the same snapshot and the same clock
 # reading. Each CTE's WHERE names exactly one status (or the finished ones), so PostgreSQL can
@@ -304,10 +305,15 @@ JOB_GET = f"SELECT {_JOB_COLUMN_LIST} FROM {JOB_TABLE} WHERE id = %(id)s"
 
 
 def job_get(job_id: int, *, alias: str | None = None) -> Job | None:
-    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None."""
+    """Return the job ``job_id`` as a :class:`Job` (read only, not locked), or None.
+
+    A done job moved into the time-partitioned history (``LEASEQUEUE["HISTORY"]``) is found there
+    (a second statement, only when the hot table has no such job), so its result stays readable
+    until its partition is dropped.
+    """
     alias = alias or db_alias()
     jobs = _jobs_from_rows(_run(JOB_GET, {"id": job_id}, alias=alias).rows, alias)
-    return jobs[0] if jobs else None
+    return jobs[0] if jobs else history_get(job_id, alias=alias)
 
 
 # -- The workers page -------------------------------------------------------------------------

@@ -218,7 +218,8 @@ def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str, prepared: boo
         alias: the database alias.
 
         prepared: run it as a prepared statement with a generic plan (``PREPARED_CLAIMS``:
-            :func:`_run_claim_prepared`), outside a caller's transaction only.
+            :func:`_run_claim_prepared`), outside a caller's transaction and with client-side
+            binding only (server-side binding sends one statement per message).
 
     Returns:
         The claim's :class:`_Result` (rows, row count, column description).
@@ -226,9 +227,10 @@ def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str, prepared: boo
     connection = connections[alias]
     if not _jit_off_here(alias):
         return _run(sql, params, alias=alias, describe=True)
-    if prepared:
+    server_side_binding = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
+    if prepared and not server_side_binding:
         return _run_claim_prepared(sql, params, alias=alias)
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
+    if server_side_binding:
         with transaction.atomic(using=alias):
             _run(JIT_OFF_LOCAL, alias=alias)
             return _run(sql, params, alias=alias, describe=True)

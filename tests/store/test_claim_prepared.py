@@ -93,3 +93,16 @@ def test_prepared_claims_must_be_a_bool():
     assert build({}).prepared_claims is False
     with pytest.raises(ConfigurationError, match=r"LEASEQUEUE\['PREPARED_CLAIMS'\] must be True or False, got 'yes'"):
         build({"PREPARED_CLAIMS": "yes"})
+
+
+def test_server_side_binding_claims_unprepared(prepared, sent, monkeypatch):
+    """Server-side binding takes one statement per message: the claim then runs as without
+    PREPARED_CLAIMS (its JIT switch in a short transaction of its own), and prepares nothing."""
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**connection.settings_dict.get("OPTIONS", {}),
+                                                               "server_side_binding": True})
+    connection.close()
+    job = flaky_sync.enqueue("k", failures=0)
+    sent.clear()
+    assert [j.id for j in claim()] == [job.id]
+    assert not any(s.startswith(("PREPARE", "EXECUTE")) or "EXECUTE leasequeue_claim_" in s for s in sent), sent
+    assert statements_prepared() == []

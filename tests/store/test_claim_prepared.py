@@ -12,7 +12,7 @@ from django_leasequeue import store
 from django_leasequeue.conf import build
 from django_leasequeue.exceptions import ConfigurationError
 from django_leasequeue.models import Job
-from django_leasequeue.store._db import PREPARED_CLAIM_SETTINGS
+from django_leasequeue.store import PREPARED_CLAIM_SETTINGS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,6 +7,7 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
 * ``LQBENCH_LEASE`` (seconds, default 30), ``LQBENCH_POLL_INTERVAL`` (default 1).
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
   commit with ``synchronous_commit = off``; see docs/howto/performance.md).
+* ``LQBENCH_PREPARED_CLAIMS=1``: ``LEASEQUEUE["PREPARED_CLAIMS"] = True`` (claims prepared, generic plan).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
 * ``LQBENCH_TRANSACTION_POOLING=1``: ``PGHOST``/``PGPORT`` is a PgBouncer in transaction mode
   (server-side cursors off: one declared outside a transaction would outlive it on a server
@@ -55,6 +56,8 @@ if os.environ.get("LQBENCH_FAIR") == "1":  # the flow section's fair-claiming dr
     LEASEQUEUE["QUEUES"] = {"default": {"fair": True}}
 if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":
     LEASEQUEUE["ASYNC_COMPLETIONS"] = True
+if os.environ.get("LQBENCH_PREPARED_CLAIMS") == "1":
+    LEASEQUEUE["PREPARED_CLAIMS"] = True
 
 LOGGING = {
     "version": 1,

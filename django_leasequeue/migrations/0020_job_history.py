@@ -27,7 +27,7 @@ BACKWARD = ["DROP TABLE IF EXISTS leasequeue_job_history CASCADE"]
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("django_leasequeue", "0018_finished_index_id"),
+        ("django_leasequeue", "0019_job_insert_defaults"),
     ]
 
     operations = [

@@ -76,6 +76,7 @@ from ._db import (
     JIT_OFF_LOCAL,
     JOB_TABLE,
     NEVER_SWEPT,
+    PREPARED_CLAIM_SETTINGS,
     PROCESS_TABLE,
     QUEUE_TABLE,
     SCHEDULE_TABLE,
@@ -319,6 +320,7 @@ from .workflows import (
 
 __all__ = [
     "JOB_CLAIM_FAIR", "RATE_KEY_PRUNE", "fair_order", "rate_key_log", "rate_key_prune",
+    "PREPARED_CLAIM_SETTINGS",
     "CLOCK", "CLOCK_OFFSET_GET", "CLOCK_OFFSET_SET", "CLOCK_RAW_NOW", "CancelCounts", "ClaimResult",
     "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JIT_OFF_LOCAL", "JOB_CANCEL_LEASED",
     "JOB_CLAIM", "JOB_CLAIM_ANY_QUEUE", "JOB_CLAIM_ANY_QUEUE_RATED", "JOB_CLAIM_IDS", "JOB_CLAIM_RATED",

@@ -3,14 +3,18 @@ the one way to run a statement, JSON encoding and decoding, and the decoding of 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
+import re
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Self, cast
 
-from django.db import ProgrammingError, connections, router, transaction
+from django.db import DatabaseError, ProgrammingError, connections, router, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import Cursor, errors
 from psycopg.abc import Params, QueryNoTemplate
@@ -189,7 +193,62 @@ def _jit_off_here(alias: str) -> bool:
     return not connections[alias].in_atomic_block
 
 
-def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
+# Prepared claims (PREPARED_CLAIMS): the claim runs as ``EXECUTE`` of a statement prepared once per
+# connection, with a generic plan, which is planned once: the custom plans PostgreSQL would
+# otherwise make cost 0.7-1.0 ms of planning per claim. The settings hold for the claim's own
+# implicit transaction only (a generic plan made with JIT off keeps it off).
+PREPARED_CLAIM_SETTINGS = "SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan"
+_PARAM = re.compile(r"%\((\w+)\)s")
+# psycopg connection -> the names of the claim statements prepared on it (gone with the connection).
+_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """``(name, PREPARE statement, parameter names in $n order)`` of a claim statement."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    body = _PARAM.sub(number, sql)
+    name = "leasequeue_claim_" + hashlib.sha1(sql.encode()).hexdigest()[:12]
+    return name, f"PREPARE {name} AS {body}", tuple(names)
+
+
+def _run_claim_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
+    """Run a one-statement claim as ``EXECUTE`` of a prepared statement with a generic plan, in one
+    round trip: ``SET LOCAL ...; SET LOCAL ...; EXECUTE name(...)`` runs as one implicit
+    transaction, as the unprepared claim does. The statement is prepared (one more round trip) the
+    first time a connection runs it. A connection that lost it (``DISCARD ALL``) prepares it again
+    and retries at once: the refused ``EXECUTE`` ran nothing.
+
+    Raises:
+        DatabaseError: the claim failed (as :func:`_run` raises).
+    """
+    name, prepare, names = _prepared_form(sql)
+    execute = f"{PREPARED_CLAIM_SETTINGS}; EXECUTE {name}({', '.join(f'%({n})s' for n in names)})"
+    connection = connections[alias]
+    with connection.cursor() as cur:
+        done = _prepared.setdefault(connection.connection, set())
+        if name not in done:
+            cur.execute(prepare)
+            done.add(name)
+        try:
+            cur.execute(execute, params)
+        except DatabaseError as exc:
+            if not isinstance(exc.__cause__, errors.InvalidSqlStatementName):
+                raise
+            cur.execute(prepare)
+            cur.execute(execute, params)
+        cur.nextset()
+        cur.nextset()  # past the two SETs' empty results, to the claim's rows
+        return _Result(cur.fetchall(), cur.rowcount, cur.description)
+
+
+def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str, prepared: bool = False) -> _Result:
     """:func:`_run` (with ``describe``) for a one-statement claim, with JIT compilation off for that
     statement only (:data:`JIT_OFF_LOCAL`), leaving no session state behind.
 
@@ -205,13 +264,20 @@ def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
         params: its parameters.
         alias: the database alias.
 
+        prepared: run it as a prepared statement with a generic plan (``PREPARED_CLAIMS``:
+            :func:`_run_claim_prepared`), outside a caller's transaction and with client-side
+            binding only (server-side binding sends one statement per message).
+
     Returns:
         The claim's :class:`_Result` (rows, row count, column description).
     """
     connection = connections[alias]
     if not _jit_off_here(alias):
         return _run(sql, params, alias=alias, describe=True)
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
+    server_side_binding = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
+    if prepared and not server_side_binding:
+        return _run_claim_prepared(sql, params, alias=alias)
+    if server_side_binding:
         with transaction.atomic(using=alias):
             _run(JIT_OFF_LOCAL, alias=alias)
             return _run(sql, params, alias=alias, describe=True)

@@ -264,12 +264,13 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
     """
     if limit <= 0:
         return ClaimResult()
-    if rate_limits is None or fair_queues is None:
-        from ..conf import get_settings
+    from ..conf import get_settings
 
-        settings = get_settings()
-        rate_limits = settings.rate_limits if rate_limits is None else rate_limits
-        fair_queues = settings.fair_queues if fair_queues is None else fair_queues
+    settings = get_settings()
+    if rate_limits is None:
+        rate_limits = settings.rate_limits
+    if fair_queues is None:
+        fair_queues = settings.fair_queues
     if fair_queues and queues is not None and any(q in fair_queues for q in queues):
         return _claim_with_fair(queues=queues, limit=limit, worker_id=worker_id, lease=lease, now=now, alias=alias,
                                 rate_limits=rate_limits, tasks=tasks, fair_queues=fair_queues)
@@ -280,7 +281,8 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
                               "queues": list(queues) if queues is not None else None}
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:
-        result = _run_claim(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias)
+        result = _run_claim(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias,
+                            prepared=settings.prepared_claims)
         return _decode_claims(result.rows, _column_names(result.description), alias, worker_id=worker_id, now=now)
     rows, description = flow._claim_rated(params, queues, rated, rate_limits, alias=alias)
     names = _column_names(description)

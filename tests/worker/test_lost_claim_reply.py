@@ -25,7 +25,7 @@ from django_leasequeue import enqueue, signals
 from django_leasequeue.models import Job
 from django_leasequeue.runtime import ERROR_BACKOFF_MAX, close_broken_connections
 from django_leasequeue.worker import WorkerService
-from django_leasequeue.worker.producer import LOST_CLAIM_REASON
+from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM, LOST_CLAIM_REASON
 from tests.support.lost_reply import ReplyLosingRelay, default_connection_through_relay
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the relay's connection must see committed rows
@@ -140,7 +140,7 @@ def test_a_returned_job_whose_completion_is_still_queued_is_not_given_back(relay
     is not the lost claim's: only the lost claim's job L is given back; R ends done, run once."""
     returned = enqueue("qa.record", kwargs={"tag": "R"})
     worker = worker_without_threads(concurrency=2)
-    assert worker.run_once() == 0.0
+    assert worker.run_once() == AFTER_SHORT_CLAIM  # 1 job, 2 threads
     (item,) = worker.pool.inflight_snapshot()
     worker.pool.run_job(item)  # the handler returns; the completer thread is not running
     assert worker.completer.pending
@@ -150,8 +150,8 @@ def test_a_returned_job_whose_completion_is_still_queued_is_not_given_back(relay
                                             lost.id: ("leased", 1, 1, worker.worker_id)}
 
     # The next round gives back L alone (token 2) and claims it again (token 3) beside R, whose
-    # completion is still queued.
-    assert worker.run_once() == 0.0
+    # completion is still queued (one job for two free threads: a short claim).
+    assert worker.run_once() == AFTER_SHORT_CLAIM
     assert released_events == [(lost.id, LOST_CLAIM_REASON)]
     assert worker.completer.pending
     assert rows([returned.id, lost.id]) == {returned.id: ("leased", 1, 1, worker.worker_id),

@@ -3,6 +3,7 @@ claim returns exact database times, ASYNC_COMPLETIONS is limited to the completi
 transaction, and prefetched jobs that no thread started go back to ready (token bumped, no attempt
 counted)."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -243,3 +244,24 @@ def test_prune_walks_the_finished_index():
     # Both per-status subqueries (j_1, j_2) walk the index; the outer DELETE of a tiny table may
     # hash-join it, which is the planner's business.
     assert plan.count("leasequeue_job_finished") >= 2 and "Seq Scan on leasequeue_job j_" not in plan, plan
+
+
+def test_a_short_claim_pauses_the_next_claim_briefly_and_a_wake_cuts_the_pause_short():
+    """A claim that got fewer jobs than free threads (an idle worker woken for one job) waits
+    AFTER_SHORT_CLAIM before claiming again, so its handler thread starts first; a full claim goes
+    again at once, and a wake (a NOTIFY) ends the pause at once."""
+    from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM
+
+    flaky_sync.enqueue("k0", failures=0)
+    worker = WorkerService(queues=["default"], concurrency=2, reap=False, notify=False, prefetch_wait=0)
+    assert worker.run_once() == AFTER_SHORT_CLAIM  # 1 job for 2 threads (never started: held)
+    assert worker.claimed == 1 and worker.producer.short_claim
+    worker.pool.inflight.clear()  # the held job is not run here: free both threads again
+    flaky_sync.enqueue("k1", failures=0)
+    flaky_sync.enqueue("k2", failures=0)
+    assert worker.run_once() == 0.0  # 2 jobs for 2 threads: maybe more are due, claim again now
+    assert worker.claimed == 3 and not worker.producer.short_claim
+    worker.wake()  # what the listener does on a NOTIFY: the loop's wait (here 10 s) ends at once
+    started = time.monotonic()
+    worker.wait(10.0)
+    assert time.monotonic() - started < 5.0

@@ -163,16 +163,21 @@ def cell(values: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--sleep", type=float, default=0.5, help="seconds each job awaits")
-    parser.add_argument("--slots", type=int, default=1000, help="async slots (Procrastinate: concurrency)")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--skip-peers", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0] + " Its databases, <LQBENCH_DB>_async and "
+        "<LQBENCH_DB>_async_procrastinate (LQBENCH_DB default leasequeue_bench), are dropped and made anew.")
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs per repetition (default 10000)")
+    parser.add_argument("--sleep", type=float, default=0.5, help="seconds each job awaits (default 0.5)")
+    parser.add_argument("--slots", type=int, default=1000,
+                        help="runworker --async-slots (Procrastinate: --concurrency); default 1000")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, alternating the systems (default 3)")
+    parser.add_argument("--skip-peers", action="store_true",
+                        help="do not run Procrastinate's async worker (skipped anyway without the peers virtualenv)")
     parser.add_argument("--thread-baseline", type=int, default=0, metavar="THREADS",
                         help="also run the jobs on THREADS handler threads (--async-slots 0: one event loop per "
                              "attempt, as before the event loop existed), interleaved")
-    parser.add_argument("--out", default=os.path.join(REPO, "build", "bench", "async.json"))
+    parser.add_argument("--out", default=os.path.join(REPO, "build", "bench", "async.json"),
+                        help="raw figures, JSON (default build/bench/async.json)")
     args = parser.parse_args()
     peers = not args.skip_peers and os.path.exists(os.path.join(PEERS_VENV, "bin", "python"))
     if not args.skip_peers and not peers:

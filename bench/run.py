@@ -153,6 +153,32 @@ class Config:
 
 
 SECTIONS = ["enqueue", "drain", "latency", "ontime", "hot", "claim", "flow", "workflows", "scale", "peers", "wal"]
+# What --help says of each section (the epilog), so that --only can be chosen without reading the code.
+SECTIONS_HELP = """\
+sections (--only; every one by default):
+  enqueue    single enqueue() and enqueue_many() of 10,000 jobs, jobs/s
+  drain      no-op drains, 1 process x 1, 4, 16 threads and 2 x 4 (and 2 x 4 with
+             ASYNC_COMPLETIONS, unless --no-async-row); peak RSS of the 1 x 16 worker
+  latency    enqueue-to-start p50/p99 into an idle worker, LISTEN/NOTIFY and polling
+  ontime     how late jobs due later (delayed, retried, snoozed) start
+  hot        share of HOT heartbeat updates
+  claim      one claim's cost with --claim-sizes rows in the table (10M: a cached database)
+  flow       drains with rate limits, fair claiming, concurrency limits, sequences vs plain
+  workflows  building batches and groups, draining a batch with its callback, the latency
+             between a chain's steps
+  scale      the scale curve: drains with 1 to 32 worker processes (--scale-*), direct and
+             through a PgBouncer of its own (direct only without the pgbouncer program);
+             plot in build/bench/scale.png (matplotlib, the bench extra)
+  peers      the peer queues through the harness in ../shared/bench/peers (or $PEERS_DIR),
+             ratios ours/peer; skipped, and the table says so, without the harness
+  wal        WAL bytes per job, enqueue to done, ours and each peer's (--wal-n); needs the
+             peers harness (skipped without it) and measures the peers even with --skip-peers
+
+Other benchmarks run on their own (python bench/<name>.py --help): async_bench (async def
+handlers), history_bench (time-partitioned history against the pruner), enqueue_breakdown (one
+enqueue() taken apart), prune_bench, flow_bench, stats_bench, tracing_bench, health_bench,
+admin_dashboard_bench. Figures and how to read them: docs/howto/performance.md.
+"""
 ALL_PEERS = ["procrastinate", "pgqueuer", "django-tasks-db", "chancy", "django-q2"]
 
 
@@ -195,12 +221,12 @@ def show_path(path: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=SECTIONS_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few jobs, 1 repetition (development, smoke test)")
     ap.add_argument("--reps", type=int, help="repetitions per row (default 3; quick: 1)")
     ap.add_argument("--jobs", type=int, help="no-op jobs per drain (default 20000; quick: 2000)")
-    ap.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
+    ap.add_argument("--only", help=f"comma-separated sections among {', '.join(SECTIONS)} (below; default: all)")
     ap.add_argument("--skip-peers", action="store_true", help="do not run the peer queues")
     ap.add_argument("--peers", help=f"systems for the peers harness (default: {' '.join(ALL_PEERS)})")
     ap.add_argument("--peers-n", type=int, help="jobs per peer drain (default: --jobs; quick: 1000)")

@@ -33,7 +33,7 @@ from ._db import _JOB_COLUMN_LIST, JOB_TABLE, NEVER_SWEPT, SWEEP_TABLE, _jobs_fr
 from .maintenance import PRUNE_FULL_PASS_EVERY
 from .workflows import DEPENDENCY_TABLE
 
-#: The partitioned parent (migration 0019).
+#: The partitioned parent (migration 0020).
 HISTORY_TABLE = "leasequeue_job_history"
 
 #: The partition sizes ``LEASEQUEUE["HISTORY"]`` accepts.

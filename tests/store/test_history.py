@@ -70,7 +70,7 @@ def at(text: str) -> datetime:
 
 @pytest.mark.django_db
 def test_the_history_table_has_every_column_of_the_job_table_in_the_same_order():
-    # A migration that changes a job column must change the history table alike (0019): a moved
+    # A migration that changes a job column must change the history table alike (0020): a moved
     # row is the same row. The id default (an identity) is the hot table's alone.
     job = [c for c in columns("leasequeue_job") if c[0] != "id"]
     history = [c for c in columns(H) if c[0] != "id"]

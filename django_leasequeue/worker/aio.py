@@ -39,6 +39,8 @@ RECORD_THREADS = 4
 TICK = 0.1
 # Seconds a tick may be late before the heartbeat warns of a blocked loop.
 STALL_WARN_AFTER = 1.0
+# Seconds the worker's stop waits for cancelled handlers to end.
+STOP_WAIT = 5.0
 
 
 class AsyncLoop:
@@ -107,7 +109,7 @@ class AsyncLoop:
         context = contextvars.copy_context()
         return await self.loop.run_in_executor(self.executor, context.run, fn)
 
-    def stop(self, cancel: Callable[[], None], timeout: float = 5.0) -> None:
+    def stop(self, cancel: Callable[[], None], timeout: float = STOP_WAIT) -> None:
         """Cancel what still runs (``cancel()`` is called on the loop's thread), wait up to
         ``timeout`` seconds for the tasks to end, stop the loop and its recording threads, and close
         their database connections."""

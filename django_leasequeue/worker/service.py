@@ -59,6 +59,7 @@ from ..processes import RegisteredService, make_process_id
 from ..reaper import ReaperService
 from .completer import Completer
 from .heartbeat import HeartbeatService
+from .aio import STOP_WAIT
 from .pool import InFlight, Pool
 from .producer import Producer
 from .tally import WorkerCounts, WorkerTally
@@ -434,6 +435,12 @@ class WorkerService(RegisteredService):
                         f"still running when worker {self.worker_id} stopped"), min_delay=item.lease)
                 except DatabaseError:
                     logger.exception("job %s: could not record its timeout; the lease will expire", item.job.id)
+        # Async handlers still running are cancelled first, and their coroutines given a moment
+        # to end: released while one still ran, its job could start on another worker beside it.
+        still = self.pool.interrupt_async(leftover)
+        if still:
+            logger.warning("%d async handler(s) still running %.0f s after they were cancelled (they swallow "
+                           "CancelledError); releasing their jobs all the same", still, STOP_WAIT)
         # A handler that had started was interrupted: its attempt is refunded, up to
         # MAX_INTERRUPTIONS times (then the job is dead-lettered as Interrupted). One that never
         # started (prefetched) did not run: released freely.

@@ -350,8 +350,19 @@ class Executor:
                 except JobTimedOut as timed_out:
                     error = timed_out
                 if error is None and not isinstance(result, Snooze) and not ctx.completed_in_transaction:
-                    # A plain success: encoded and queued for the completer, no database call.
-                    outcome = self._settle(spec, job, ctx, fields, result)
+                    # A plain success: encoded and queued for the completer, no database call. A
+                    # value that cannot be stored fails the attempt (as in _settle), a write: on a
+                    # thread (the ORM refuses to run on the loop, SynchronousOnlyOperation).
+                    try:
+                        result_json = None if result is None else encode_result(result,
+                                                                                self.settings.max_result_bytes)
+                    except (PayloadNotSerializable, ResultTooLarge) as exc:
+                        refused = exc
+                        outcome = await in_thread(lambda: self._fail(job, ctx, refused, retry_delay=None,
+                                                                     fields=fields))
+                    else:
+                        self.complete(ctx, result_json)
+                        outcome = "done"
                 else:
                     raised = error
 

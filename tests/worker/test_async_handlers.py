@@ -136,9 +136,16 @@ async def nap(seconds: float) -> int:
     return 1
 
 
+@task(name="tests.async.unstorable", max_attempts=3, backoff=0)
+async def unstorable() -> object:
+    await asyncio.sleep(0)
+    return {1, 2}  # a set: not JSON
+
+
 # Registered only while this module's tests run: a registered async task makes every worker of
 # the test session claim for its event loop too (other tests count their claims exactly).
-ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap]
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap,
+               unstorable]
 for _task in ASYNC_TASKS:
     registry._REGISTRY.pop(_task.name)
 
@@ -189,6 +196,19 @@ def test_an_async_task_that_raises_is_retried_then_dead_lettered():
     assert (r.status, r.attempts) == ("dead", 2)
     assert [(e["type"], e["message"], e["attempt"]) for e in r.errors] == [
         ("builtins.ValueError", "boom", 1), ("builtins.ValueError", "boom", 2)]
+
+
+def test_an_async_task_whose_return_value_cannot_be_stored_fails_at_once_not_on_the_loop():
+    # The refused value is recorded as a failure (not retried: the same value would be refused),
+    # on a recording thread: a write on the loop's thread raises SynchronousOnlyOperation, which
+    # left the job leased, unrenewed, until the reaper charged it a LeaseExpired attempt.
+    job = unstorable.enqueue()
+    worker = drain()
+    r = row(job.id)
+    assert (r.status, r.attempts, [e["type"] for e in r.errors]) == (
+        "dead", 1, ["django_leasequeue.exceptions.PayloadNotSerializable"])
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (1, 0)
 
 
 @pytest.mark.parametrize("swallow", [False, True])

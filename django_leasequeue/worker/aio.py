@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
+from ..executor import ATTEMPT_THREADS
+
 logger = logging.getLogger("django_leasequeue.worker")
 
 T = TypeVar("T")
@@ -43,6 +45,19 @@ STALL_WARN_AFTER = 1.0
 STOP_WAIT = 5.0
 
 
+class _AttemptThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """The recording threads: a call submitted from an async handler (its context carries
+    :data:`~django_leasequeue.executor.ATTEMPT_THREADS`) is counted there until it ends."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        pending = ATTEMPT_THREADS.get()
+        if pending is not None:
+            pending.add(future)
+            future.add_done_callback(pending.discard)
+        return future
+
+
 class AsyncLoop:
     """An event loop on a thread of its own, with a small pool of recording threads.
 
@@ -55,8 +70,7 @@ class AsyncLoop:
         self.name = name
         self.threads = threads
         self.loop = asyncio.new_event_loop()
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads,
-                                                              thread_name_prefix=f"{name}-record")
+        self.executor = _AttemptThreadPool(max_workers=threads, thread_name_prefix=f"{name}-record")
         self.loop.set_default_executor(self.executor)
         self.tasks: set[asyncio.Task[Any]] = set()  # the attempts (spawned coroutines)
         self.handlers: set[asyncio.Task[Any]] = set()  # their handlers' own tasks, while they run

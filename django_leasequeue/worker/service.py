@@ -57,9 +57,9 @@ from ..executor import Executor, install_attempt_hook, uninstall_attempt_hook, w
 from ..notify import Listener
 from ..processes import RegisteredService, make_process_id
 from ..reaper import ReaperService
+from .aio import STOP_WAIT
 from .completer import Completer
 from .heartbeat import HeartbeatService
-from .aio import STOP_WAIT
 from .pool import InFlight, Pool
 from .producer import Producer
 from .tally import WorkerCounts, WorkerTally

@@ -60,7 +60,8 @@ class Books:
                 f"done-with-one-return={sum(1 for n in self.done_returned.values() if n == 1)} "
                 f"done-with-other={sum(1 for n in self.done_returned.values() if n != 1)} "
                 f"stale-returns={self.stale_returned} effects={self.effects} fenced-done={self.fenced_done} "
-                f"bad-effects={len(self.bad_effects)} attempts-without-execution={len(self.attempts_without_execution)} "
+                f"bad-effects={len(self.bad_effects)} "
+                f"attempts-without-execution={len(self.attempts_without_execution)} "
                 f"overlaps={self.overlaps}")
 
 
@@ -203,7 +204,8 @@ def test_cancel_requests_mid_run(spawn):
 
 def test_sigterm_with_jobs_in_flight_then_another_worker(spawn):
     ids, fenced = split(40, seconds=2.5)
-    first = spawn("runworker", "--concurrency", "1", "--async-slots", "200", env={**ENV, "LEASEQUEUE_SHUTDOWN_GRACE": "1"})
+    first = spawn("runworker", "--concurrency", "1", "--async-slots", "200",
+                  env={**ENV, "LEASEQUEUE_SHUTDOWN_GRACE": "1"})
     running("qa.async_ledger", 80)
     first.signal(signal.SIGTERM)
     second = spawn("runworker", "--concurrency", "1", "--async-slots", "200", env=ENV)

@@ -649,7 +649,12 @@ class Pool:
         aio = self.aio
         if aio is None or not item.is_async:
             return
-        aio.call(lambda: item.handler.cancel() if item.handler is not None else None)
+        try:
+            aio.call(lambda: item.handler.cancel() if item.handler is not None else None)
+        except RuntimeError:
+            # The worker's stop closed the loop: every handler on it was cancelled then. (Raised
+            # into the heartbeat, it would cut short the rest of its round of renewals.)
+            pass
 
     def interrupt_async(self, items: Sequence[InFlight], timeout: float = STOP_WAIT) -> int:
         """The worker's stop, before it gives back the held jobs ``items``: cancel the handlers of

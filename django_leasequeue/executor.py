@@ -24,6 +24,8 @@ Outcomes and what is written (all fenced on the job's token, through :mod:`store
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import inspect
 import logging
 import multiprocessing
@@ -57,6 +59,14 @@ from .runtime import close_broken_connections, is_connection_error
 logger = logging.getLogger("django_leasequeue.executor")
 
 T = TypeVar("T")
+
+# The thread calls an async handler started on the worker's loop executor (asyncio.to_thread(),
+# sync_to_async(thread_sensitive=False), afenced_atomic()): set by run_async() in the context its
+# handler's task copies, filled by the loop's executor (worker.aio). A cancel ends the handler at
+# once but not these threads: the attempt is recorded only once they have ended too, so that its
+# retry never starts beside work it left running.
+ATTEMPT_THREADS: contextvars.ContextVar[set[concurrent.futures.Future[Any]] | None] = contextvars.ContextVar(
+    "leasequeue_attempt_threads", default=None)
 
 # Process mode: seconds a child may take to set Django up and import the task modules (not the
 # handler's time; its timeout counts from the handler's start).
@@ -326,7 +336,12 @@ class Executor:
                 unknown = exc
                 return await in_thread(lambda: self._fail(job, ctx, unknown, retry_delay=None, fields=fields))
             began = time.monotonic()
-            handler = asyncio.ensure_future(self._call_async(spec, job, ctx))
+            threads: set[concurrent.futures.Future[Any]] = set()
+            token = ATTEMPT_THREADS.set(threads)  # copied into the handler's task, not kept here
+            try:
+                handler = asyncio.ensure_future(self._call_async(spec, job, ctx))
+            finally:
+                ATTEMPT_THREADS.reset(token)
             started(handler)
             error: BaseException | None = None
             result: Any = None
@@ -336,6 +351,8 @@ class Executor:
                 result = await handler
             except BaseException as exc:  # noqa: BLE001 - CancelledError included: recorded below
                 error = exc
+            while threads:  # cancelled, it may have left thread calls running: they end first
+                await asyncio.wait([asyncio.wrap_future(f) for f in list(threads)])
             if discarded():
                 return "released"
             if ctx.lease_lost and isinstance(error, asyncio.CancelledError):
@@ -350,8 +367,19 @@ class Executor:
                 except JobTimedOut as timed_out:
                     error = timed_out
                 if error is None and not isinstance(result, Snooze) and not ctx.completed_in_transaction:
-                    # A plain success: encoded and queued for the completer, no database call.
-                    outcome = self._settle(spec, job, ctx, fields, result)
+                    # A plain success: encoded and queued for the completer, no database call. A
+                    # value that cannot be stored fails the attempt (as in _settle), a write: on a
+                    # thread (the ORM refuses to run on the loop, SynchronousOnlyOperation).
+                    try:
+                        result_json = None if result is None else encode_result(result,
+                                                                                self.settings.max_result_bytes)
+                    except (PayloadNotSerializable, ResultTooLarge) as exc:
+                        refused = exc
+                        outcome = await in_thread(lambda: self._fail(job, ctx, refused, retry_delay=None,
+                                                                     fields=fields))
+                    else:
+                        self.complete(ctx, result_json)
+                        outcome = "done"
                 else:
                     raised = error
 

@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
+from ..executor import ATTEMPT_THREADS
+
 logger = logging.getLogger("django_leasequeue.worker")
 
 T = TypeVar("T")
@@ -39,6 +41,21 @@ RECORD_THREADS = 4
 TICK = 0.1
 # Seconds a tick may be late before the heartbeat warns of a blocked loop.
 STALL_WARN_AFTER = 1.0
+# Seconds the worker's stop waits for cancelled handlers to end.
+STOP_WAIT = 5.0
+
+
+class _AttemptThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """The recording threads: a call submitted from an async handler (its context carries
+    :data:`~django_leasequeue.executor.ATTEMPT_THREADS`) is counted there until it ends."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        pending = ATTEMPT_THREADS.get()
+        if pending is not None:
+            pending.add(future)
+            future.add_done_callback(pending.discard)
+        return future
 
 
 class AsyncLoop:
@@ -53,8 +70,7 @@ class AsyncLoop:
         self.name = name
         self.threads = threads
         self.loop = asyncio.new_event_loop()
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads,
-                                                              thread_name_prefix=f"{name}-record")
+        self.executor = _AttemptThreadPool(max_workers=threads, thread_name_prefix=f"{name}-record")
         self.loop.set_default_executor(self.executor)
         self.tasks: set[asyncio.Task[Any]] = set()  # the attempts (spawned coroutines)
         self.handlers: set[asyncio.Task[Any]] = set()  # their handlers' own tasks, while they run
@@ -107,7 +123,7 @@ class AsyncLoop:
         context = contextvars.copy_context()
         return await self.loop.run_in_executor(self.executor, context.run, fn)
 
-    def stop(self, cancel: Callable[[], None], timeout: float = 5.0) -> None:
+    def stop(self, cancel: Callable[[], None], timeout: float = STOP_WAIT) -> None:
         """Cancel what still runs (``cancel()`` is called on the loop's thread), wait up to
         ``timeout`` seconds for the tasks to end, stop the loop and its recording threads, and close
         their database connections."""

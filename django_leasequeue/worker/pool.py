@@ -33,7 +33,7 @@ from ..conf import Settings
 from ..context import JobContext
 from ..executor import Executor, job_fields, with_reconnect
 from ..runtime import check_connections_after_loss, close_broken_connections
-from .aio import STALL_WARN_AFTER, AsyncLoop
+from .aio import STALL_WARN_AFTER, STOP_WAIT, AsyncLoop
 from .completer import Completer
 
 logger = logging.getLogger("django_leasequeue.worker")
@@ -86,6 +86,9 @@ class InFlight:
     is_async: bool = False
     # The asyncio task running the async handler, once started (cancelled at the timeout).
     handler: asyncio.Task[Any] | None = field(default=None, repr=False)
+    # The worker's stop took this async job (Pool.interrupt_async): its handler is cancelled and
+    # its outcome is not recorded (the stop gives the job back).
+    interrupted: bool = False
 
 
 class PauseView:
@@ -623,12 +626,13 @@ class Pool:
             item.handler = task
             aio.handlers.add(task)
             task.add_done_callback(aio.handlers.discard)
-            if item.timed_out or item.ctx.lease_lost:  # timed out or lost before the task existed
+            # Timed out, lost, or taken by the worker's stop before the task existed.
+            if item.timed_out or item.ctx.lease_lost or item.interrupted:
                 task.cancel()
 
         try:
             await self.executor.run_async(item.job, item.ctx, started=handler_started, in_thread=aio.in_thread,
-                                          discarded=lambda: self._async_stopping)
+                                          discarded=lambda: self._async_stopping or item.interrupted)
         except BaseException:  # noqa: BLE001 - never lose the loop
             logger.exception("job %s: worker error outside the async handler", item.job.id)
         finally:
@@ -645,7 +649,40 @@ class Pool:
         aio = self.aio
         if aio is None or not item.is_async:
             return
-        aio.call(lambda: item.handler.cancel() if item.handler is not None else None)
+        try:
+            aio.call(lambda: item.handler.cancel() if item.handler is not None else None)
+        except RuntimeError:
+            # The worker's stop closed the loop: every handler on it was cancelled then. (Raised
+            # into the heartbeat, it would cut short the rest of its round of renewals.)
+            pass
+
+    def interrupt_async(self, items: Sequence[InFlight], timeout: float = STOP_WAIT) -> int:
+        """The worker's stop, before it gives back the held jobs ``items``: cancel the handlers of
+        the async ones (their outcomes are not recorded: the stop releases the jobs) and wait up
+        to ``timeout`` seconds for their coroutines to end, so that none still runs when its job
+        is released and another worker starts the next attempt. (A thread cannot be stopped so;
+        nor can a coroutine that swallows the ``CancelledError`` for longer than ``timeout``.)
+
+        Returns:
+            How many of those coroutines were still running after ``timeout`` seconds.
+        """
+        aio = self.aio
+        items = [i for i in items if i.is_async]
+        if aio is None or not items:
+            return 0
+        for item in items:
+            item.interrupted = True  # read by _run_async on the loop: discard the outcome
+
+        def cancel() -> None:
+            for item in items:
+                if item.handler is not None:
+                    item.handler.cancel()
+
+        aio.call(cancel)
+        deadline = time.monotonic() + timeout
+        while (left := sum(self.holds(i) and not i.completing for i in items)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return left
 
     def check_loop_stall(self, now: float) -> float:
         """Warn (once per stall) when the event loop has been blocked for ``STALL_WARN_AFTER``

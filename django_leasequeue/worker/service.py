@@ -57,6 +57,7 @@ from ..executor import Executor, install_attempt_hook, uninstall_attempt_hook, w
 from ..notify import Listener
 from ..processes import RegisteredService, make_process_id
 from ..reaper import ReaperService
+from .aio import STOP_WAIT
 from .completer import Completer
 from .heartbeat import HeartbeatService
 from .pool import InFlight, Pool
@@ -412,6 +413,14 @@ class WorkerService(RegisteredService):
             started = self.executor.stop_children([i.ctx for i in held])
             held = [i for i in held if i.job.id in started]
         leftover = [i for i in held if not i.timed_out]
+        # Async handlers still running are cancelled first, and their coroutines given a moment
+        # to end: released while one still ran, its job could start on another worker beside it.
+        # Their outcomes are not recorded (this stop records or releases every held job below):
+        # a timed-out one ending meanwhile must not record its timeout beside record_timeout().
+        still = self.pool.interrupt_async(held)
+        if still:
+            logger.warning("%d async handler(s) still running %.0f s after they were cancelled (they swallow "
+                           "CancelledError); releasing their jobs all the same", still, STOP_WAIT)
         # A handler that returned after the completer's final flush (the grace period ran out as it
         # finished) submitted its success to the stopped completer and left the running list, so it
         # is not released below either: write those completions now. Every job missing from

@@ -136,9 +136,27 @@ async def nap(seconds: float) -> int:
     return 1
 
 
+@task(name="tests.async.unstorable", max_attempts=3, backoff=0)
+async def unstorable() -> object:
+    await asyncio.sleep(0)
+    return {1, 2}  # a set: not JSON
+
+
+def _offloaded_work(attempt: int) -> None:
+    time.sleep(1.5)
+    SEEN.append(("thread-end", attempt, time.monotonic()))
+
+
+@task(name="tests.async.offloaded", takes_context=True, timeout=0.5, max_attempts=2, backoff=0)
+async def offloaded(ctx: JobContext) -> None:
+    SEEN.append(("start", ctx.attempt, time.monotonic()))
+    await asyncio.to_thread(_offloaded_work, ctx.attempt)  # blocking work moved off the loop, as advised
+
+
 # Registered only while this module's tests run: a registered async task makes every worker of
 # the test session claim for its event loop too (other tests count their claims exactly).
-ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap]
+ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap,
+               unstorable, offloaded]
 for _task in ASYNC_TASKS:
     registry._REGISTRY.pop(_task.name)
 
@@ -189,6 +207,33 @@ def test_an_async_task_that_raises_is_retried_then_dead_lettered():
     assert (r.status, r.attempts) == ("dead", 2)
     assert [(e["type"], e["message"], e["attempt"]) for e in r.errors] == [
         ("builtins.ValueError", "boom", 1), ("builtins.ValueError", "boom", 2)]
+
+
+def test_an_async_task_whose_return_value_cannot_be_stored_fails_at_once_not_on_the_loop():
+    # The refused value is recorded as a failure (not retried: the same value would be refused),
+    # on a recording thread: a write on the loop's thread raises SynchronousOnlyOperation, which
+    # left the job leased, unrenewed, until the reaper charged it a LeaseExpired attempt.
+    job = unstorable.enqueue()
+    worker = drain()
+    r = row(job.id)
+    assert (r.status, r.attempts, [e["type"] for e in r.errors]) == (
+        "dead", 1, ["django_leasequeue.exceptions.PayloadNotSerializable"])
+    counts = worker.counts()
+    assert (counts.claimed, counts.done) == (1, 0)
+
+
+def test_the_retry_of_a_timed_out_handler_never_starts_beside_its_offloaded_thread():
+    # Cancelled at its timeout while it awaits asyncio.to_thread(), the handler ends at once, but
+    # the thread runs on (a thread cannot be stopped); the attempt is recorded as timed out and its
+    # retry (backoff 0) must not start until that thread has ended, as for a sync handler.
+    job = offloaded.enqueue()
+    drain()
+    r = row(job.id)
+    assert (r.status, r.attempts) == ("dead", 2)
+    wait_for(lambda: len([e for e in SEEN if e[0] == "thread-end"]) == 2, timeout=5, what="both threads ended")
+    first_end = next(t for what, attempt, t in SEEN if what == "thread-end" and attempt == 1)
+    second_start = next(t for what, attempt, t in SEEN if what == "start" and attempt == 2)
+    assert second_start >= first_end
 
 
 @pytest.mark.parametrize("swallow", [False, True])

@@ -494,11 +494,13 @@ def _wal_lsn(c: psycopg.Connection) -> str:
 
 def _own_wal(db: str, c: psycopg.Connection, start: str):
     """A running :class:`peer_adapter.wal_harness.OwnWal` for database ``db`` from ``start``: its
-    own WAL, read back with pg_walinspect while it is written."""
+    own WAL, held by a replication slot and read back with pg_walinspect after the timed drain."""
     from peer_adapter.wal_harness import OwnWal
 
-    own = OwnWal(psycopg.conninfo.make_conninfo(dbname=db, **{k: v for k, v in PG.items() if v}), c, start)
+    own = OwnWal(psycopg.conninfo.make_conninfo(dbname=db, **{k: v for k, v in PG.items() if v}), c, start,
+                 hold=True)
     own.start()
+    own.ready.wait(30)
     return own
 
 

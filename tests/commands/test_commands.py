@@ -1,6 +1,6 @@
 """Management commands, in-process: option validation refuses to start, ``runreaper --once``."""
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 from io import StringIO
 
 import pytest
@@ -9,6 +9,7 @@ from django.test import override_settings
 
 from django_leasequeue import enqueue, store
 from django_leasequeue.models import Job
+from tests.store.test_history import history_ids, hot_ids, insert_finished
 from tests.support import claim
 
 pytestmark = pytest.mark.django_db
@@ -43,6 +44,32 @@ def test_runreaper_once_takes_back_expired_leases(db_clock):
     out = StringIO()
     call_command("runreaper", "--once", stdout=out)
     assert "reaped 1 expired lease(s)" in out.getvalue()
+    assert "history" not in out.getvalue()  # HISTORY is off
     job.refresh_from_db()
     assert (job.status, job.lease_version, job.errors[0]["type"]) == ("ready", 2, "LeaseExpired")
     assert Job.objects.count() == 1
+
+
+@override_settings(LEASEQUEUE={"RETENTION": 3 * 86400, "HISTORY": "day", "HISTORY_MOVE_AFTER": 60})
+def test_runreaper_once_prints_what_the_history_moved_made_and_dropped(db_clock, caplog):
+    # Before, the printed line counted the pruned jobs only: "pruned 0" after a move of 100.
+    db_clock.advance(10 * 86400)  # past any partition another test left
+    now = store.db_now()
+    day = timedelta(days=1)
+    history = "leasequeue_job_history_p"
+    (old,) = store.history_ensure_partitions("day", back=0, ahead=0, now=now - 20 * day)  # past retention
+    moved = insert_finished("done", now - timedelta(hours=2), 100, step=0.01)
+    pruned = insert_finished("cancelled", now - 5 * day, 2)  # stays hot, past retention: the pruner's
+    out = StringIO()
+    with caplog.at_level("INFO", logger="django_leasequeue.reaper"):
+        call_command("runreaper", "--once", stdout=out)
+    first, last = (f"{history}{(now + d * day).astimezone(UTC):%Y%m%d}" for d in (-3, 2))
+    assert out.getvalue() == (
+        "reaped 0 expired lease(s), pruned 2 finished job(s), dead-lettered 0 job(s) of tasks no live worker knows\n"
+        f"history: moved 100 done job(s), created partitions: 6 ({first} .. {last}), dropped partitions: {old}\n")
+    assert history_ids() == moved and hot_ids() == [] and len(pruned) == 2
+    # The log line counts the partitions too, with the first and last names (not 171 names).
+    assert caplog.messages == [f"history: moved 100 done job(s), created partitions: 6 ({first} .. {last}), "
+                               f"dropped partitions: {old}"]
+    assert [p.name for p in store.history_partitions()] == [
+        f"{history}{(now + d * day).astimezone(UTC):%Y%m%d}" for d in range(-3, 3)]

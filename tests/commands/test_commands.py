@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_leasequeue import enqueue, store
+from django_leasequeue.management.commands.runworker import start_line, tasks_line
 from django_leasequeue.models import Job
 from tests.store.test_history import history_ids, hot_ids, insert_finished
 from tests.support import claim
@@ -73,3 +74,17 @@ def test_runreaper_once_prints_what_the_history_moved_made_and_dropped(db_clock,
                                f"dropped partitions: {old}"]
     assert [p.name for p in store.history_partitions()] == [
         f"{history}{(now + d * day).astimezone(UTC):%Y%m%d}" for d in range(-3, 3)]
+
+
+def test_the_banner_shows_the_async_slots_and_marks_the_async_tasks():
+    assert start_line("h:1:A", None, 4, 30.0, "thread", False, async_slots=1000) == (
+        "worker h:1:A: queues *, 4 thread(s), async slots 1000, lease 30 s, thread execution; "
+        "SIGTERM or Ctrl-C stops gracefully.")
+    assert start_line("h:1:A", ["a"], 4, 30.0, "thread", False, async_slots=0) == (
+        "worker h:1:A: queues a, 4 thread(s), lease 30 s, thread execution; SIGTERM or Ctrl-C stops gracefully.")
+    names = ["a.one", "a.two", "b.three", "b.four", "c.five", "c.six"]
+    assert tasks_line(names, 6, async_names={"a.two", "c.six"}) == (
+        "6 task(s) registered (6 native, 0 django.tasks; 2 async): a.one, a.two (async), b.three, b.four "
+        "and 2 more")
+    assert tasks_line(names, 6) == "6 task(s) registered (6 native, 0 django.tasks): a.one, a.two, b.three, b.four " \
+                                   "and 2 more"

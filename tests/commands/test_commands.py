@@ -5,6 +5,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 
 from django_leasequeue import enqueue, store
@@ -88,3 +89,22 @@ def test_the_banner_shows_the_async_slots_and_marks_the_async_tasks():
         "and 2 more")
     assert tasks_line(names, 6) == "6 task(s) registered (6 native, 0 django.tasks): a.one, a.two, b.three, b.four " \
                                    "and 2 more"
+
+
+@override_settings(LEASEQUEUE={"RETENTION": 86400, "HISTORY": "hour", "HISTORY_MOVE_AFTER": 60})
+def test_runreaper_once_says_when_the_history_step_failed_and_still_prunes(db_clock):
+    # A partition attached by hand where ours would go: creating ours fails; the pruner still runs.
+    db_clock.advance(10 * 86400)
+    now = store.db_now()
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE leasequeue_job_history_by_hand PARTITION OF leasequeue_job_history "
+                    "FOR VALUES FROM (%s) TO (%s)", [now - timedelta(hours=1), now + timedelta(hours=1)])
+    insert_finished("done", now - timedelta(days=2), 3)  # past retention: the pruner's
+    recent = insert_finished("done", now - timedelta(hours=2), 2)
+    out = StringIO()
+    call_command("runreaper", "--once", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "reaped 0 expired lease(s), pruned 3 finished job(s), dead-lettered 0 job(s) of tasks no live worker knows",
+        "history: the maintenance failed (logged on django_leasequeue.reaper); the done jobs stay in the job table "
+        "until the next one"]
+    assert hot_ids() == recent and history_ids() == []

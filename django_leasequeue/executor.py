@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import DatabaseError
 
 from . import child, registry, signals, store, tracing
@@ -67,6 +68,16 @@ T = TypeVar("T")
 # retry never starts beside work it left running.
 ATTEMPT_THREADS: contextvars.ContextVar[set[concurrent.futures.Future[Any]] | None] = contextvars.ContextVar(
     "leasequeue_attempt_threads", default=None)
+
+# Django raises SynchronousOnlyOperation for an ORM call made where an event loop runs: in an
+# async def handler, whether on the worker's loop or on a private one (ASYNC_SLOTS = 0, process
+# mode, where the child records it under this name). Its own message does not say what to do in
+# a job, so the recorded failure carries the way out.
+SYNC_ONLY_ERROR = f"{SynchronousOnlyOperation.__module__}.{SynchronousOnlyOperation.__qualname__}"
+SYNC_ONLY_HINT = (" [an async def handler cannot call the ORM directly: use the ORM's async methods "
+                  "(aget, acreate, ...) or asgiref's sync_to_async for reads and unfenced writes, and "
+                  "await ctx.afenced_atomic(fn, ...) for the fenced final writes; see the Async handlers "
+                  "guide, docs/howto/async.md]")
 
 # Process mode: seconds a child may take to set Django up and import the task modules (not the
 # handler's time; its timeout counts from the handler's start).
@@ -702,6 +713,8 @@ class Executor:
             error = {**exc.error, "attempt": job.attempts, "worker": self.worker_id}
         else:
             error = describe_error(exc, attempt=job.attempts, worker=self.worker_id)
+        if error.get("type") == SYNC_ONLY_ERROR:
+            error["message"] = storable_text(str(error.get("message", ""))[:MAX_MESSAGE] + SYNC_ONLY_HINT)
         if decision is not None:
             error.update({key: storable_text(value[:MAX_MESSAGE]) for key, value in decision.entry_fields().items()})
         tracing.attempt_failed(ctx, exc, error)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import DatabaseError
@@ -126,18 +127,52 @@ def prune_once(settings: Settings, *, now: datetime | None = None, alias: str | 
 
     With ``HISTORY`` set, first move the done jobs older than ``HISTORY_MOVE_AFTER`` into the
     time-partitioned history and drop its partitions past ``RETENTION``
-    (:func:`move_to_history`); the pruner then deletes what stayed in the job table.
+    (:func:`move_to_history`); the pruner then deletes what stayed in the job table. What the
+    move did is in :func:`prune_and_move`'s result, not in this count.
     """
-    if settings.history is not None:
-        move_to_history(settings, now=now, alias=alias)
+    return prune_and_move(settings, now=now, alias=alias).pruned
+
+
+@dataclass(frozen=True)
+class PruneRun:
+    """What one :func:`prune_and_move` did: ``pruned`` jobs deleted from the job table, and the
+    history's maintenance (``history``: None when ``HISTORY`` is off or its step failed)."""
+
+    pruned: int
+    history: store.HistoryRun | None
+
+
+def prune_and_move(settings: Settings, *, now: datetime | None = None, alias: str | None = None) -> PruneRun:
+    """:func:`prune_once`, returning what the history's move did as well as the pruned count.
+
+    Args:
+        settings: validated settings (``RETENTION``, ``PRUNE_BATCH``, ``HISTORY``).
+        now: aware datetime instead of the database clock (tests).
+        alias: the database alias (None: the queue's).
+
+    Returns:
+        A :class:`PruneRun`.
+    """
+    history = move_to_history(settings, now=now, alias=alias) if settings.history is not None else None
     if settings.retention is None:
-        return 0
+        return PruneRun(0, history)
     total = 0
     while True:
         deleted = store.job_prune(older_than=settings.retention, limit=settings.prune_batch, now=now, alias=alias)
         total += deleted
         if deleted < settings.prune_batch:
-            return total
+            return PruneRun(total, history)
+
+
+def partitions_text(names: list[str]) -> str:
+    """A list of partition names in a few words, however many: ``"none"``, the one name, or the
+    count with the first and last (the first maintenance with ``"hour"`` and 7 days of
+    ``RETENTION`` creates 171)."""
+    if not names:
+        return "none"
+    if len(names) == 1:
+        return names[0]
+    return f"{len(names)} ({names[0]} .. {names[-1]})"
 
 
 def move_to_history(settings: Settings, *, now: datetime | None = None,
@@ -159,8 +194,8 @@ def move_to_history(settings: Settings, *, now: datetime | None = None,
                          "in the job table until the next maintenance")
         return None
     if run.created or run.moved or run.dropped:
-        logger.info("history: moved %d done job(s), created partitions %s, dropped partitions %s",
-                    run.moved, run.created, run.dropped)
+        logger.info("history: moved %d done job(s), created partitions: %s, dropped partitions: %s",
+                    run.moved, partitions_text(run.created), partitions_text(run.dropped))
     return run
 
 

@@ -54,3 +54,18 @@ def test_the_test_project_counts_native_and_framework_tasks(spawn):
     total, native, framework, more = map(int, found.groups())
     assert (framework, native, more) == (4, total - 4, total - 4)
     assert native > 50 and len(line) < 200
+
+
+def test_a_worker_with_async_tasks_shows_its_async_slots_and_counts_those_tasks(spawn):
+    # qa.async_tasks has four async def tasks (and one sync): the slots run them, so they are shown.
+    worker = spawn("runworker", "--burst", "--async-slots", "1000", env={**ENV, "LEASEQUEUE_ASYNC_TASKS": "1"})
+    assert worker.wait(60) == 0
+    output = worker.output()
+    (start,) = [line for line in output.splitlines() if line.startswith("worker ") and ": queues " in line]
+    assert ", 4 thread(s), async slots 1000, lease " in start, start
+    (line,) = banner_lines(output)
+    assert re.match(r"\d+ task\(s\) registered \(\d+ native, 4 django\.tasks; 4 async\): ", line), line
+    # Without async tasks, the slots run nothing and are not shown.
+    worker = spawn("runworker", "--burst", "--async-slots", "1000", env=ENV)
+    assert worker.wait(60) == 0
+    assert "async slots" not in worker.output() and "async)" not in worker.output()

@@ -26,10 +26,12 @@ LOOKS_LIKE = {
     "stop": re.compile(r"worker \S+ (?:stopped after|running for) \d"),
 }
 START = re.compile(r"worker (?P<id>\S+): queues (?P<queues>\S+), (?P<threads>\d+) thread\(s\), "
-                   r"lease (?P<lease>[\d.]+) s, (?P<execution>\w+) execution(?P<burst>, burst)?"
+                   r"(?:async slots (?P<slots>\d+), )?lease (?P<lease>[\d.]+) s, "
+                   r"(?P<execution>\w+) execution(?P<burst>, burst)?"
                    r"(?P<async>, asynchronous completions \(ASYNC_COMPLETIONS\))?; "
                    r"SIGTERM or Ctrl-C stops gracefully\.")
-TASKS = re.compile(r"(?P<total>\d+) task\(s\) registered \((?P<native>\d+) native, (?P<framework>\d+) django\.tasks\): "
+TASKS = re.compile(r"(?P<total>\d+) task\(s\) registered \((?P<native>\d+) native, (?P<framework>\d+) django\.tasks"
+                   r"(?:; (?P<async>\d+) async)?\): "
                    r"(?P<listed>.+?)(?: and (?P<more>\d+) more)?|0 task\(s\) registered: none \(.*\)")
 STOP = re.compile(r"worker (?P<id>\S+) (?P<state>stopped after|running for) (?P<elapsed>\d+\.\d) s: "
                   r"(?P<claimed>\d+) claimed, (?P<done>\d+) done, (?P<retried>\d+) retried, "
@@ -65,15 +67,20 @@ def printed(kind: str, sample: str) -> str:
         assert m, f"not the banner's first line as runworker prints it: {sample!r}"
         queues = None if m["queues"] == "*" else m["queues"].split(",")
         return start_line(m["id"], queues, int(m["threads"]), float(m["lease"]), m["execution"], bool(m["burst"]),
-                          async_completions=bool(m["async"]))
+                          async_completions=bool(m["async"]), async_slots=int(m["slots"] or 0))
     if kind == "tasks":
         m = TASKS.fullmatch(sample)
         assert m, f"not the banner's tasks line as runworker prints it: {sample!r}"
         if m["total"] is None:
             return tasks_line([], 0)
-        names = m["listed"].split(", ") + [f"~more {n}" for n in range(int(m["more"] or 0))]
+        listed = m["listed"].split(", ")
+        marked = {name.removesuffix(" (async)") for name in listed if name.endswith(" (async)")}
+        more = [f"~more {n}" for n in range(int(m["more"] or 0))]
+        names = [name.removesuffix(" (async)") for name in listed] + more
         assert int(m["native"]) + int(m["framework"]) == int(m["total"]), f"the kinds do not add up: {sample!r}"
-        return tasks_line(names, int(m["native"]))
+        # The async tasks not listed are among the "more" (a count below the marked ones differs).
+        async_names = marked | set(more[:max(0, int(m["async"] or 0) - len(marked))])
+        return tasks_line(names, int(m["native"]), async_names=async_names)
     m = STOP.fullmatch(sample)
     assert m, f"not the stop line as runworker prints it: {sample!r}"
     counts = WorkerCounts(claimed=int(m["claimed"]), done=int(m["done"]), retried=int(m["retried"]),
@@ -105,6 +112,10 @@ def test_a_quoted_line_is_what_runworker_prints(page, kind, sample):
               "SIGTERM or Ctrl-C stops gracefully."),  # the lease as the old log line printed it
     ("tasks", "3 task(s) registered: a, b, c"),  # before the kinds were counted
     ("tasks", "3 task(s) registered (1 native, 1 django.tasks): a, b, c"),
+    ("tasks", "3 task(s) registered (3 native, 0 django.tasks; 1 async): a (async), b (async), c"),
+    ("tasks", "2 task(s) registered (2 native, 0 django.tasks): a (async), b"),  # marked, not counted
+    ("start", "worker vm:1:A: queues *, 2 thread(s), async slots 0, lease 30 s, thread execution; "
+              "SIGTERM or Ctrl-C stops gracefully."),  # no slots are not shown
     ("stop", "worker vm:1:A stopped after 2.0 s: 3 claimed, 1 done, 0 retried, 0 dead-lettered, 0 lease lost, "
              "0 released"),  # 2 claims with no outcome: the code prints them as unsettled
 ])

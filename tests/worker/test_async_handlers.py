@@ -16,6 +16,7 @@ from django_leasequeue import registry, store, task
 from django_leasequeue.conf import build
 from django_leasequeue.context import FencedCompletion, JobContext
 from django_leasequeue.exceptions import LeaseLost, Snooze
+from django_leasequeue.executor import SYNC_ONLY_HINT
 from django_leasequeue.models import Job
 from django_leasequeue.runtime import run_services
 from django_leasequeue.worker import WorkerService
@@ -153,10 +154,15 @@ async def offloaded(ctx: JobContext) -> None:
     await asyncio.to_thread(_offloaded_work, ctx.attempt)  # blocking work moved off the loop, as advised
 
 
+@task(name="tests.async.orm_on_the_loop", max_attempts=1)
+async def orm_on_the_loop() -> int:
+    return Job.objects.count()  # the mistake: the ORM called from the event loop
+
+
 # Registered only while this module's tests run: a registered async task makes every worker of
 # the test session claim for its event loop too (other tests count their claims exactly).
 ASYNC_TASKS = [add, boom, hang, cancellable, snoozing, fenced, long, blocking, sync_name, async_name, nap,
-               unstorable, offloaded]
+               unstorable, offloaded, orm_on_the_loop]
 for _task in ASYNC_TASKS:
     registry._REGISTRY.pop(_task.name)
 
@@ -220,6 +226,20 @@ def test_an_async_task_whose_return_value_cannot_be_stored_fails_at_once_not_on_
         "dead", 1, ["django_leasequeue.exceptions.PayloadNotSerializable"])
     counts = worker.counts()
     assert (counts.claimed, counts.done) == (1, 0)
+
+
+@pytest.mark.parametrize("async_slots", [50, 0])
+def test_an_orm_call_on_the_loop_is_recorded_with_the_way_out(async_slots):
+    # On the worker's loop and on a handler thread's private loop (no slots) alike, Django refuses
+    # the call; the recorded failure says how an async handler reaches the database.
+    job = orm_on_the_loop.enqueue()
+    drain(async_slots=async_slots)
+    r = row(job.id)
+    assert (r.status, r.attempts) == ("dead", 1)
+    ((kind, message),) = [(e["type"], e["message"]) for e in r.errors]
+    assert kind == "django.core.exceptions.SynchronousOnlyOperation"
+    assert message == "You cannot call this from an async context - use a thread or sync_to_async." + SYNC_ONLY_HINT
+    assert "ctx.afenced_atomic(" in message and "docs/howto/async.md" in message
 
 
 def test_the_retry_of_a_timed_out_handler_never_starts_beside_its_offloaded_thread():

@@ -3,9 +3,12 @@ no live worker knows (``UNKNOWN_TASK_GRACE``) until SIGTERM."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandParser
+
+if TYPE_CHECKING:
+    from django_leasequeue import store
 
 
 class Command(BaseCommand):
@@ -23,12 +26,35 @@ class Command(BaseCommand):
 
         require_migrated()
         if options["once"]:
+            settings = get_settings()
             reaped = reaper.reap_once(once=True)
-            pruned = reaper.prune_once(get_settings())
-            unknown = reaper.dead_letter_unknown_tasks(get_settings())
-            self.stdout.write(f"reaped {len(reaped)} expired lease(s), pruned {pruned} finished job(s), "
+            run = reaper.prune_and_move(settings)
+            unknown = reaper.dead_letter_unknown_tasks(settings)
+            self.stdout.write(f"reaped {len(reaped)} expired lease(s), pruned {run.pruned} finished job(s), "
                               f"dead-lettered {len(unknown)} job(s) of tasks no live worker knows")
+            if settings.history is not None:
+                self.stdout.write(history_line(run.history))
             return
         code = run_services([reaper.ReaperService(interval=options["interval"])])
         if code:
             raise SystemExit(code)
+
+
+def history_line(run: store.HistoryRun | None) -> str:
+    """The line ``runreaper --once`` prints with ``HISTORY`` set: the done jobs moved into the
+    history and the partitions made and dropped (counted, with the first and last names), or that
+    the step failed (its error is logged on ``django_leasequeue.reaper``).
+
+    Args:
+        run: what :func:`~django_leasequeue.reaper.move_to_history` did (None: it failed).
+
+    Returns:
+        The line, without a newline.
+    """
+    from django_leasequeue.reaper import partitions_text
+
+    if run is None:
+        return ("history: the maintenance failed (logged on django_leasequeue.reaper); "
+                "the done jobs stay in the job table until the next one")
+    return (f"history: moved {run.moved} done job(s), created partitions: {partitions_text(run.created)}, "
+            f"dropped partitions: {partitions_text(run.dropped)}")

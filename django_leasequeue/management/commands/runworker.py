@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -105,9 +106,14 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"--metrics-port {port} on {options['metrics_addr']}: cannot serve metrics: {exc}")
             self.stdout.write(f"metrics: http://{options['metrics_addr']}:{port}/metrics")
+        names, native, async_names = _registered_tasks()
+        # The slots matter only when there are async handlers to run on them (and process mode, or
+        # --async-slots 0, runs those on the threads: no slots then).
+        slots = worker.async_slots if async_names else 0
         self.stdout.write(start_line(worker.worker_id, queues, worker.concurrency, worker.lease, worker.execution,
-                                     worker.burst, async_completions=worker.settings.async_completions))
-        self.stdout.write(tasks_line(*_registered_tasks()))
+                                     worker.burst, async_completions=worker.settings.async_completions,
+                                     async_slots=slots))
+        self.stdout.write(tasks_line(names, native, async_names=async_names))
         if not logging.getLogger("django_leasequeue.events").hasHandlers():
             self.stdout.write("Events are logged on the 'django_leasequeue' loggers; no handler is configured "
                               "for them, so configure LOGGING to see retries and dead letters.")
@@ -125,7 +131,7 @@ class Command(BaseCommand):
 
 
 def start_line(worker_id: str, queues: list[str] | None, concurrency: int, lease: float, execution: str,
-               burst: bool, *, async_completions: bool = False) -> str:
+               burst: bool, *, async_completions: bool = False, async_slots: int = 0) -> str:
     """The banner's first line: the worker's id and options, and how to stop it.
 
     Args:
@@ -134,17 +140,21 @@ def start_line(worker_id: str, queues: list[str] | None, concurrency: int, lease
         execution (str): ``thread`` or ``process``. burst (bool): ``--burst`` was given.
         async_completions (bool): the ``ASYNC_COMPLETIONS`` setting is on: said at start, since a
             crash of PostgreSQL or a failover can then lose the last completions.
+        async_slots (int): the event loop's slots for ``async def`` handlers (``ASYNC_SLOTS``,
+            ``--async-slots``), shown after the threads when above 0; the caller passes 0 when the
+            worker has no async task (the slots would run nothing).
 
     Returns:
         The line, without a newline.
     """
-    return (f"worker {worker_id}: queues {','.join(queues) if queues else '*'}, {concurrency} thread(s), "
+    slots = f", async slots {async_slots}" if async_slots > 0 else ""
+    return (f"worker {worker_id}: queues {','.join(queues) if queues else '*'}, {concurrency} thread(s){slots}, "
             f"lease {lease:g} s, {execution} execution{', burst' if burst else ''}"
             f"{', asynchronous completions (ASYNC_COMPLETIONS)' if async_completions else ''}; "
             "SIGTERM or Ctrl-C stops gracefully.")
 
 
-def tasks_line(names: list[str], native: int, shown: int = 4) -> str:
+def tasks_line(names: list[str], native: int, shown: int = 4, *, async_names: Collection[str] = ()) -> str:
     """The banner's line of the tasks this worker runs, so a newcomer sees at start whether it
     found theirs (a job naming an unregistered task is dead-lettered as UnknownTask, never imported).
 
@@ -156,6 +166,9 @@ def tasks_line(names: list[str], native: int, shown: int = 4) -> str:
         names (list[str]): every registered task name, sorted. native (int): how many of them are
             native ``@task`` tasks (the rest are the framework's).
         shown (int): names listed before the rest are only counted.
+        async_names (Collection[str]): the names among ``names`` whose handler is ``async def``
+            (they run on the event loop's slots): counted after the kinds, and each listed one
+            marked ``(async)``.
 
     Returns:
         The line, without a newline.
@@ -163,14 +176,26 @@ def tasks_line(names: list[str], native: int, shown: int = 4) -> str:
     if not names:
         return ("0 task(s) registered: none (a worker runs the tasks of installed apps' tasks and jobs "
                 "modules and of LEASEQUEUE['IMPORTS'])")
-    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-    return f"{len(names)} task(s) registered ({native} native, {len(names) - native} django.tasks): {listed}"
+    marked = [f"{name} (async)" if name in async_names else name for name in names[:shown]]
+    listed = ", ".join(marked) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    counted = f"; {len(async_names)} async" if async_names else ""
+    return (f"{len(names)} task(s) registered ({native} native, {len(names) - native} django.tasks{counted}): "
+            f"{listed}")
 
 
-def _registered_tasks() -> tuple[list[str], int]:
-    """The task names this worker will run (sorted) and how many of them are native ``@task`` tasks."""
+def _registered_tasks() -> tuple[list[str], int, set[str]]:
+    """The task names this worker will run (sorted), how many of them are native ``@task`` tasks,
+    and the names whose handler is ``async def`` (as the worker's producer splits them)."""
     from django_leasequeue import registry
+    from django_leasequeue.exceptions import UnknownTask
 
     registry.autodiscover()  # the worker would at start; the banner must count what it will run
     names = registry.known_task_names()
-    return names, len(set(names) & set(registry.registered_tasks()))
+    async_names = set()
+    for name in names:
+        try:
+            if registry.get_task(name).is_async:
+                async_names.add(name)
+        except UnknownTask:  # a resolver that names a task it cannot give: not one the worker runs async
+            continue
+    return names, len(set(names) & set(registry.registered_tasks())), async_names

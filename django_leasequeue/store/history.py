@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 from django.db import connections, transaction
 
 from ..models import Job
-from ._db import _JOB_COLUMN_LIST, JOB_TABLE, NEVER_SWEPT, SWEEP_TABLE, _jobs_from_rows, _run, db_alias, db_now
-from .maintenance import PRUNE_FULL_PASS_EVERY
+from ._db import _JOB_COLUMN_LIST, JOB_TABLE, SWEEP_TABLE, _jobs_from_rows, _run, db_alias, db_now
+from .maintenance import PRUNE_FULL_PASS_EVERY, place_save_sql
 from .workflows import DEPENDENCY_TABLE
 
 #: The partitioned parent (migration 0020).
@@ -342,18 +342,7 @@ SELECT history_pass_started_at, history_from_finished_at, history_from_id FROM {
 # pass (%(restart)s) sets it outright, NULL (the bottom) when it moved nothing. Only if the pass is
 # still the one the maintenance read (%(pass_read)s): when another one began a new pass
 # meanwhile, its place stands. Before any sweep the row does not exist: it is created "never swept".
-_HISTORY_PLACE_MOVES = ("%(restart)s OR s.history_from_finished_at IS NULL OR (EXCLUDED.history_from_finished_at, "
-                        "EXCLUDED.history_from_id) > (s.history_from_finished_at, s.history_from_id)")
-HISTORY_PLACE_SAVE = f"""
-INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, history_pass_started_at, history_from_finished_at, history_from_id)
-VALUES (1, {NEVER_SWEPT}, %(pass_at)s, %(from_at)s, %(from_id)s)
-ON CONFLICT (id) DO UPDATE SET
-    history_pass_started_at = EXCLUDED.history_pass_started_at,
-    history_from_finished_at = CASE WHEN {_HISTORY_PLACE_MOVES} THEN EXCLUDED.history_from_finished_at
-                                    ELSE s.history_from_finished_at END,
-    history_from_id = CASE WHEN {_HISTORY_PLACE_MOVES} THEN EXCLUDED.history_from_id ELSE s.history_from_id END
-WHERE s.history_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
-"""
+HISTORY_PLACE_SAVE = place_save_sql("history")
 
 
 @dataclass(frozen=True)

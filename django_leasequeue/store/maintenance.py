@@ -253,18 +253,27 @@ WHERE w.id = ANY(%(ids)s::bigint[]) AND w.finished_at IS NOT NULL
 # outright, to the batch's first row (NULL, the start, when it deleted nothing). Before
 # any sweep the row does not exist: it is created with last_sweep_at = NEVER_SWEPT, as a
 # scheduler's tick does.
-_PLACE_MOVES = ("%(restart)s OR s.prune_from_finished_at IS NULL OR (EXCLUDED.prune_from_finished_at, "
-                "EXCLUDED.prune_from_id) > (s.prune_from_finished_at, s.prune_from_id)")
-JOB_PRUNE_SAVE = f"""
-INSERT INTO {SWEEP_TABLE} AS s (id, last_sweep_at, prune_pass_started_at, prune_from_finished_at, prune_from_id)
+def place_save_sql(walker: str) -> str:
+    """The statement that saves the place of a keyset walker over finished jobs (``prune``: the
+    retention pruner; ``history``: the history mover) in the sweep record's columns
+    ``<walker>_pass_started_at``, ``<walker>_from_finished_at`` and ``<walker>_from_id``, by the
+    rules above. Parameters: ``restart``, ``pass_read``, ``pass_at``, ``from_at``, ``from_id``."""
+    moves = (f"%(restart)s OR s.{walker}_from_finished_at IS NULL OR (EXCLUDED.{walker}_from_finished_at, "
+             f"EXCLUDED.{walker}_from_id) > (s.{walker}_from_finished_at, s.{walker}_from_id)")
+    return f"""
+INSERT INTO {SWEEP_TABLE} AS s
+    (id, last_sweep_at, {walker}_pass_started_at, {walker}_from_finished_at, {walker}_from_id)
 VALUES (1, {NEVER_SWEPT}, %(pass_at)s, %(from_at)s, %(from_id)s)
 ON CONFLICT (id) DO UPDATE SET
-    prune_pass_started_at = EXCLUDED.prune_pass_started_at,
-    prune_from_finished_at = CASE WHEN {_PLACE_MOVES} THEN EXCLUDED.prune_from_finished_at
-                                  ELSE s.prune_from_finished_at END,
-    prune_from_id = CASE WHEN {_PLACE_MOVES} THEN EXCLUDED.prune_from_id ELSE s.prune_from_id END
-WHERE s.prune_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
+    {walker}_pass_started_at = EXCLUDED.{walker}_pass_started_at,
+    {walker}_from_finished_at = CASE WHEN {moves} THEN EXCLUDED.{walker}_from_finished_at
+                                  ELSE s.{walker}_from_finished_at END,
+    {walker}_from_id = CASE WHEN {moves} THEN EXCLUDED.{walker}_from_id ELSE s.{walker}_from_id END
+WHERE s.{walker}_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
 """
+
+
+JOB_PRUNE_SAVE = place_save_sql("prune")
 
 #: Seconds between two full passes of the retention pruner (see ``JOB_PRUNE``): how long a finished
 #: job that was kept past retention may stay after it is no longer read.

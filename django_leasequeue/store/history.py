@@ -30,7 +30,7 @@ from django.db import connections, transaction
 
 from ..models import Job
 from ._db import _JOB_COLUMN_LIST, JOB_TABLE, SWEEP_TABLE, _jobs_from_rows, _run, db_alias, db_now
-from .maintenance import PRUNE_FULL_PASS_EVERY, place_save_sql
+from .maintenance import PRUNE_FULL_PASS_EVERY, _place_save_sql
 from .workflows import DEPENDENCY_TABLE
 
 #: The partitioned parent (migration 0020).
@@ -342,7 +342,7 @@ SELECT history_pass_started_at, history_from_finished_at, history_from_id FROM {
 # pass (%(restart)s) sets it outright, NULL (the bottom) when it moved nothing. Only if the pass is
 # still the one the maintenance read (%(pass_read)s): when another one began a new pass
 # meanwhile, its place stands. Before any sweep the row does not exist: it is created "never swept".
-HISTORY_PLACE_SAVE = place_save_sql("history")
+HISTORY_PLACE_SAVE = _place_save_sql("history")
 
 
 @dataclass(frozen=True)

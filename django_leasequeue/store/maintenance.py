@@ -253,7 +253,7 @@ WHERE w.id = ANY(%(ids)s::bigint[]) AND w.finished_at IS NOT NULL
 # outright, to the batch's first row (NULL, the start, when it deleted nothing). Before
 # any sweep the row does not exist: it is created with last_sweep_at = NEVER_SWEPT, as a
 # scheduler's tick does.
-def place_save_sql(walker: str) -> str:
+def _place_save_sql(walker: str) -> str:
     """The statement that saves the place of a keyset walker over finished jobs (``prune``: the
     retention pruner; ``history``: the history mover) in the sweep record's columns
     ``<walker>_pass_started_at``, ``<walker>_from_finished_at`` and ``<walker>_from_id``, by the
@@ -273,7 +273,7 @@ WHERE s.{walker}_pass_started_at IS NOT DISTINCT FROM %(pass_read)s
 """
 
 
-JOB_PRUNE_SAVE = place_save_sql("prune")
+JOB_PRUNE_SAVE = _place_save_sql("prune")
 
 #: Seconds between two full passes of the retention pruner (see ``JOB_PRUNE``): how long a finished
 #: job that was kept past retention may stay after it is no longer read.

@@ -383,3 +383,43 @@ def test_async_slots_are_validated():
     with pytest.raises(ConfigurationError, match=r"ASYNC_SLOTS'\] must be an int >= 0"):
         build({"ASYNC_SLOTS": -1})
     assert build({}).async_slots == 100
+
+
+def test_the_async_claim_is_skipped_while_the_threads_are_busy_after_it_found_nothing():
+    """A worker with async tasks, busy with thread jobs, does not send an async claim with every
+    refill of its threads once one found nothing (ASYNC_RECHECK); that empty claim does not pause
+    the next claim as a queue run dry would (AFTER_SHORT_CLAIM); an async job waits for the
+    recheck while the threads stay busy."""
+    for _ in range(3):
+        sync_name.enqueue()
+    worker = WorkerService(queues=["default"], concurrency=1, reap=False, notify=False, prefetch_wait=0,
+                           async_slots=10)
+    producer = worker.producer
+    try:
+        assert worker.run_once() == 0.0  # the thread's job; the async claim found nothing: not a dry queue
+        assert (worker.claimed, producer.async_empty_until > 0) == (1, True)
+        job = async_name.enqueue()
+        # The thread is taken (its job is held, never run here): the async claim waits for the recheck.
+        delay = worker.run_once()
+        assert 0.0 < delay <= 0.05
+        assert (worker.claimed, row(job.id).status) == (1, "ready")
+        producer.async_empty_until = 0.0  # the recheck is due (instead of waiting 50 ms)
+        worker.run_once()
+        assert (worker.claimed, row(job.id).status) == (2, "leased")
+    finally:
+        worker.pool.stop_async()
+
+
+def test_the_async_claim_is_not_skipped_when_the_threads_find_nothing():
+    """An idle worker (no thread job due) claims async jobs at once, however recently an async
+    claim found nothing."""
+    worker = WorkerService(queues=["default"], concurrency=1, reap=False, notify=False, prefetch_wait=0,
+                           async_slots=10)
+    try:
+        assert worker.producer.claim() is None  # nothing of either kind
+        assert worker.producer.async_empty_until > time.monotonic()
+        job = async_name.enqueue()
+        worker.producer.claim()
+        assert (worker.claimed, row(job.id).status, worker.producer.async_empty_until) == (1, "leased", 0.0)
+    finally:
+        worker.pool.stop_async()

@@ -175,6 +175,11 @@ class Producer:
                 # threads claims for them alone (ASYNC_RECHECK).
                 async_skipped = True
                 continue
+            if is_async and ran_dry:
+                # The thread claim just ran dry: its jobs start first, and the async claim comes
+                # with the next round, AFTER_SHORT_CLAIM later (claiming now would hold the GIL
+                # as the handler thread wakes, which is the idle latency this pause exists for).
+                continue
             jobs = self._claim_batch(kind_names, kind_want, now)
             got += len(jobs)
             if is_async:

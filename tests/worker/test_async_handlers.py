@@ -423,3 +423,22 @@ def test_the_async_claim_is_not_skipped_when_the_threads_find_nothing():
         assert (worker.claimed, row(job.id).status, worker.producer.async_empty_until) == (1, "leased", 0.0)
     finally:
         worker.pool.stop_async()
+
+
+def test_the_async_claim_waits_one_round_after_a_thread_claim_that_ran_dry():
+    """When the thread claim leased jobs but fewer than it asked for (an idle worker woken for one
+    job), the async claim is not sent in the same round: the handler thread starts first, and the
+    async claim comes with the next round, AFTER_SHORT_CLAIM later."""
+    from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM
+
+    sync_job = sync_name.enqueue()
+    async_job = async_name.enqueue()
+    worker = WorkerService(queues=["default"], concurrency=2, reap=False, notify=False, prefetch_wait=0,
+                           async_slots=10)
+    try:
+        assert worker.producer.claim() == AFTER_SHORT_CLAIM
+        assert (worker.claimed, row(sync_job.id).status, row(async_job.id).status) == (1, "leased", "ready")
+        worker.producer.claim()
+        assert (worker.claimed, row(async_job.id).status) == (2, "leased")
+    finally:
+        worker.pool.stop_async()

@@ -321,8 +321,11 @@ class WorkerService(RegisteredService):
         self.heartbeat.start()
         if self.listener is not None:
             self.listener.start()
-        logger.info("worker %s started: queues=%s concurrency=%s async_slots=%s lease=%ss", self.worker_id,
-                    self.queues or "*", self.concurrency, self.async_slots, self.lease)
+        # The async slots only where they are used (an async task registered), as in the banner.
+        has_async = bool(self.producer.split_tasks(self.producer.tasks())[1])
+        slots = f" async_slots={self.async_slots}" if has_async else ""
+        logger.info("worker %s started: queues=%s concurrency=%s%s lease=%ss", self.worker_id,
+                    self.queues or "*", self.concurrency, slots, self.lease)
 
     def run_once(self) -> float:
         with self._wait_lock:

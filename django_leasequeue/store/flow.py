@@ -320,7 +320,7 @@ def _claim_rated(params: dict[str, Any], queues: Sequence[str] | None, rated: Se
         return cur.fetchall(), cur.description
 
 
-# Seconds a worker's pause view (the paused flags it last read, see worker.pool.PauseView) stays
+# Seconds a worker's pause view (the paused flags it last read, see worker.pause_view.PauseView) stays
 # good for starting jobs; queue_pause() waits this long, plus PAUSE_MARGIN, after its commit.
 PAUSE_GRACE = 0.5
 # Added to the wait of queue_pause(): covers the few statements between a worker's freshness check

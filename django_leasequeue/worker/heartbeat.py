@@ -3,7 +3,7 @@
 Every lease/3 (or ``HEARTBEAT_INTERVAL`` if shorter) it renews the due leases in one statement,
 passes cancel requests and lost leases on to the handlers, releases prefetched jobs that no thread
 started in time or whose queue was paused (keeping the worker's pause view fresh while it
-holds unstarted jobs, see :class:`~.pool.PauseView`), marks handlers past their task's timeout
+holds unstarted jobs, see :class:`~.pause_view.PauseView`), marks handlers past their task's timeout
 (thread mode: the job stays leased and renewed until the handler returns) and asks the worker to
 stop when too many are stuck. Every ``PROCESS_HEARTBEAT_INTERVAL`` seconds it touches the worker's process row.
 """

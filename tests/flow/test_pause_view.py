@@ -19,7 +19,8 @@ from qa.tasks import record
 from django_leasequeue import enqueue_many, store
 from django_leasequeue.models import Job, QueueState
 from django_leasequeue.worker import InFlight, WorkerService
-from django_leasequeue.worker.pool import PAUSED_REASON, PauseView
+from django_leasequeue.worker.pause_view import PauseView
+from django_leasequeue.worker.pool import PAUSED_REASON
 
 pytestmark = pytest.mark.django_db
 

@@ -316,7 +316,7 @@ class JobContext:
         half the lease: the heartbeat does not renew a job whose completion may have landed. When
         it cannot be read, the commit is taken as not landed: the attempt fails, and the failure's
         refused write then finds the job done under this token
-        (:func:`~django_leasequeue.executor.report_lease_lost`), so no lost lease is recorded.
+        (:func:`~django_leasequeue.attempt_events.report_lease_lost`), so no lost lease is recorded.
 
         Returns:
             True when the job is done under this token: the block's writes and the completion

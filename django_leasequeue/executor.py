@@ -30,15 +30,16 @@ import inspect
 import logging
 import multiprocessing
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import DatabaseError
 
 from . import child, registry, signals, store, tracing
+from .attempt_events import end_attempt, end_settled_attempt, job_fields, report_lease_lost
+from .attempt_hooks import _HOOKS, attempt_started
 from .child_attempts import CHILD_TERM_GRACE, ChildAttempts, KilledAtStop, kill_child
 from .conf import Settings
 from .context import JobContext
@@ -125,142 +126,6 @@ def with_reconnect(fn: Callable[[], T]) -> T:
         close_broken_connections()
         time.sleep(0.2)
         return fn()
-
-
-class AttemptHook(Protocol):
-    """A middleware of the executor: told when an attempt starts and when its outcome is recorded.
-
-    Install one with :func:`install_attempt_hook`. Both methods run on the thread that started or
-    ended the attempt; what a hook needs to carry from one to the other rides on the attempt's
-    context (``ctx.attempt_data``). An exception a hook raises is logged, never propagated.
-    """
-
-    def attempt_started(self, ctx: JobContext) -> None:
-        """Called before the handler of the attempt ``ctx`` runs."""
-
-    def attempt_ended(self, ctx: JobContext, outcome: str) -> None:
-        """Called once the attempt's outcome was recorded, right after its event was emitted.
-
-        ``outcome`` is that event: ``succeeded``, ``retried``, ``snoozed``, ``dead_lettered``,
-        ``cancelled`` or ``lease_lost``. A failure is reported from within the executor's
-        ``except`` block, so ``sys.exc_info()`` shows the handler's exception.
-        """
-
-
-_HOOKS: list[AttemptHook] = []
-_HOOKS_LOCK = threading.Lock()
-
-
-def install_attempt_hook(hook: AttemptHook) -> None:
-    """Add ``hook`` to the attempt hooks of every executor in this process (once: installing the
-    same object again does nothing)."""
-    with _HOOKS_LOCK:
-        if hook not in _HOOKS:
-            _HOOKS.append(hook)
-
-
-def uninstall_attempt_hook(hook: AttemptHook) -> None:
-    """Remove ``hook`` from the attempt hooks; nothing when it is not installed."""
-    with _HOOKS_LOCK:
-        if hook in _HOOKS:
-            _HOOKS.remove(hook)
-
-
-def attempt_started(ctx: JobContext) -> None:
-    """Run every installed hook's ``attempt_started(ctx)``; never raises."""
-    for hook in _HOOKS:
-        try:
-            hook.attempt_started(ctx)
-        except Exception:
-            logger.exception("attempt hook %r failed for job %s", hook, ctx.job_id)
-
-
-def attempt_ended(ctx: JobContext, outcome: str) -> None:
-    """Run every installed hook's ``attempt_ended(ctx, outcome)``; never raises."""
-    for hook in _HOOKS:
-        try:
-            hook.attempt_ended(ctx, outcome)
-        except Exception:
-            logger.exception("attempt hook %r failed for job %s", hook, ctx.job_id)
-
-
-def end_attempt(ctx: JobContext, event: str, **fields: Any) -> None:
-    """Emit ``event`` (see :func:`signals.emit`) for the attempt ``ctx``, then tell the hooks."""
-    signals.emit(event, **fields)
-    if _HOOKS:
-        attempt_ended(ctx, event)
-
-
-def ctx_fields(ctx: JobContext) -> dict[str, Any]:
-    """The event fields of the attempt ``ctx`` (see :func:`signals.event_fields`)."""
-    return signals.event_fields(ctx.job_id, ctx.task, ctx.queue, ctx.attempt, ctx.lease_version)
-
-
-def job_fields(job: store.ClaimedJob) -> dict[str, Any]:
-    """The event fields of the claimed ``job``'s attempt (see :func:`signals.event_fields`)."""
-    return signals.event_fields(job.id, job.task, job.queue, job.attempts, job.lease_version)
-
-
-# The event of an attempt whose outcome its own earlier write recorded (see report_lease_lost()).
-_SETTLED_EVENTS = {"done": "succeeded", "ready": "retried", "dead": "dead_lettered", "cancelled": "cancelled"}
-
-
-def report_lease_lost(ctx: JobContext, *, write: str, fields: dict[str, Any] | None = None) -> str | None:
-    """Record that the worker running ``ctx`` lost its lease: flag, event, and a durable note;
-    unless the refused write found the job settled by this very attempt.
-
-    A fenced write is refused when the row no longer carries this token in ``leased``: the lease
-    moved on, or an earlier write of this attempt whose reply was lost with its connection had
-    landed (a completion committed as a pooler or server restarted, then repeated, or renewed
-    against, on a new connection). The row, read under the token first, tells them apart: a job
-    that left ``leased`` still under this token was settled by this attempt (only its holder
-    writes so; claims, the reaper and operators move the token), and is no lost lease. Then
-    nothing is written or emitted, and the caller records the attempt's outcome.
-
-    Otherwise marks ``ctx`` lost, emits ``lease_lost`` (with ``write`` and ``timed_out``), and
-    appends a ``lease_lost`` entry to the job's history through :func:`store.job_note_lease_lost`
-    (once per token), which the lease report counts as a fence rejection. Never raises on
-    database errors: the note is diagnostics, the fenced write already protected the job.
-
-    Args:
-        ctx: the attempt's context.
-        write: the refused write (``renew``, ``complete``, ``fail``, ``snooze``, ``cancel``, ``handler``).
-        fields: event fields; default built from ``ctx``.
-
-    Returns:
-        None when the lost lease was reported; else the status (``done``, ``ready``, ``dead``,
-        ``cancelled``) in which this attempt's own earlier write left the job.
-    """
-    try:
-        settled = store.job_settled_under([(ctx.job_id, ctx.lease_version)], alias=ctx.alias).get(ctx.job_id)
-    except DatabaseError:
-        close_broken_connections()  # cannot tell: report the loss (the note will likely fail too)
-        settled = None
-    if settled is not None:
-        logger.warning("job %s: a %s write of token %s was refused, but the job is %s under that token: an "
-                       "earlier write of this attempt landed (its reply was lost); not a lost lease",
-                       ctx.job_id, write, ctx.lease_version, settled)
-        return settled
-    ctx.mark_lease_lost()
-    if fields is None:
-        fields = ctx_fields(ctx)
-    end_attempt(ctx, "lease_lost", write=write, timed_out=ctx.timed_out, **fields)
-    try:
-        store.job_note_lease_lost(ctx.job_id, ctx.lease_version, worker=ctx.worker_id, write=write,
-                                  timed_out=ctx.timed_out, alias=ctx.alias)
-    except DatabaseError:
-        logger.warning("job %s: could not record the lost lease in its history", ctx.job_id, exc_info=True)
-        close_broken_connections()
-    return None
-
-
-def end_settled_attempt(ctx: JobContext, status: str, fields: dict[str, Any], *, write: str) -> str:
-    """Emit the event of an attempt that :func:`report_lease_lost` found settled by its own
-    earlier write (``status``: the job's status now); return ``status`` as the attempt's outcome
-    (``snoozed`` for a snooze that put the job back to ``ready``)."""
-    event = "snoozed" if write == "snooze" and status == "ready" else _SETTLED_EVENTS.get(status, "succeeded")
-    end_attempt(ctx, event, **fields)
-    return "snoozed" if event == "snoozed" else status
 
 
 class Executor:

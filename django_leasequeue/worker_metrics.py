@@ -3,7 +3,7 @@
 The database gauges of :mod:`~django_leasequeue.metrics` (served by the web endpoint) say where
 the jobs are; these say what one worker did with them since it started. They are ordinary
 ``prometheus_client`` objects on its default registry, fed by an executor attempt hook
-(:func:`executor.install_attempt_hook`) that :func:`install` adds. ``runworker --metrics-port``
+(:func:`attempt_hooks.install_attempt_hook`) that :func:`install` adds. ``runworker --metrics-port``
 installs it and serves the registry with ``prometheus_client.start_http_server``; a project that
 serves the default registry itself can call :func:`install` in its worker instead.
 
@@ -38,8 +38,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from .attempt_hooks import install_attempt_hook
 from .context import JobContext
-from .executor import install_attempt_hook
 
 # Run times span milliseconds (a webhook) to hours (an export); wait times the same range.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

@@ -136,9 +136,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
                "arguments", "payload", "failures", "steps", "logging"),
     "models": ("models", "stat_models"),
     "store": ("store", "store.*"),
-    "services": ("context", "dependents", "enqueueing", "schedules", "executor", "child", "child_attempts", "worker",
-                 "worker.*", "processes", "reaper", "scheduler", "health", "health.*", "notify", "workflows",
-                 "workflows.*", "tracing"),
+    "services": ("context", "dependents", "enqueueing", "schedules", "executor", "attempt_hooks", "attempt_events",
+                 "child", "child_attempts", "worker", "worker.*", "processes", "reaper", "scheduler", "health",
+                 "health.*", "notify", "workflows", "workflows.*", "tracing"),
     "adapters": ("admin", "admin.*", "backends", "backends.*", "checks", "apps", "views", "urls", "metrics",
                  "worker_metrics", "testing", "testing.*", "pytest_plugin", "management", "management.*", ""),
 }

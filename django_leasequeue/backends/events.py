@@ -131,7 +131,7 @@ def _install_attempt_hook() -> None:
     """Install :class:`_FinishedHook` in the executor (once). Called by the app's ``ready()`` when
     ``TASKS`` names our backend, and by a backend configured after that (``override_settings``):
     the executor's modules import the models, so never before the app registry is ready."""
-    from ..executor import install_attempt_hook
+    from ..attempt_hooks import install_attempt_hook
 
     install_attempt_hook(_FINISHED_HOOK)
 

@@ -18,16 +18,10 @@ from collections.abc import Callable, Sequence
 from django.db import DatabaseError
 
 from .. import signals, store
+from ..attempt_events import ctx_fields, end_attempt, end_settled_attempt, report_lease_lost
+from ..attempt_hooks import _HOOKS, attempt_ended
 from ..context import JobContext
-from ..executor import (
-    _HOOKS,
-    attempt_ended,
-    ctx_fields,
-    end_attempt,
-    end_settled_attempt,
-    report_lease_lost,
-    with_reconnect,
-)
+from ..executor import with_reconnect
 from ..failures import describe_error
 from ..runtime import ERROR_BACKOFF_MAX, Service, close_broken_connections, db_error_kind
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from django.db import DatabaseError
 
 from .. import store
-from ..executor import report_lease_lost, with_reconnect
+from ..attempt_events import report_lease_lost
+from ..executor import with_reconnect
 from ..runtime import Service, close_broken_connections
 from .pool import PREFETCH_RELEASE_AFTER, InFlight, Pool
 

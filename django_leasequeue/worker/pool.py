@@ -29,9 +29,10 @@ from django.db import DatabaseError, connections
 from django.db.backends.signals import connection_created
 
 from .. import registry, signals, store
+from ..attempt_events import job_fields
 from ..conf import Settings
 from ..context import JobContext
-from ..executor import Executor, job_fields, with_reconnect
+from ..executor import Executor, with_reconnect
 from ..runtime import check_connections_after_loss, close_broken_connections
 from .aio import STALL_WARN_AFTER, STOP_WAIT, AsyncLoop
 from .completer import Completer

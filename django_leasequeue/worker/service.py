@@ -52,8 +52,9 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import registry, signals, store
+from ..attempt_hooks import install_attempt_hook, uninstall_attempt_hook
 from ..conf import EXECUTION_MODES, Settings, check_lease_seconds, get_settings, queue_name_problem
-from ..executor import Executor, install_attempt_hook, uninstall_attempt_hook, with_reconnect
+from ..executor import Executor, with_reconnect
 from ..notify import Listener
 from ..processes import RegisteredService, make_process_id
 from ..reaper import ReaperService

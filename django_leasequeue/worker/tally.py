@@ -1,6 +1,6 @@
 """What one worker did with the jobs it claimed, for the line it prints when it stops.
 
-:class:`WorkerTally` is an executor attempt hook (:func:`executor.install_attempt_hook`) that
+:class:`WorkerTally` is an executor attempt hook (:func:`attempt_hooks.install_attempt_hook`) that
 counts the recorded outcome of each attempt of one worker: hooks are process-wide, so it counts
 only the attempts whose context names its worker, and several workers of one process (tests, an
 embedded worker) keep their own books. Each attempt counts once, by its first outcome: a lost lease

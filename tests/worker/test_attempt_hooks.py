@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from django_leasequeue import enqueue, signals, store
+from django_leasequeue.attempt_hooks import install_attempt_hook, uninstall_attempt_hook
 from django_leasequeue.context import JobContext
-from django_leasequeue.executor import install_attempt_hook, uninstall_attempt_hook
 from django_leasequeue.testing import drain
 from django_leasequeue.worker import WorkerService
 

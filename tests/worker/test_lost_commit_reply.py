@@ -18,7 +18,7 @@ import pytest
 from qa.models import Effect, Probe
 
 from django_leasequeue import enqueue, signals, store
-from django_leasequeue.executor import report_lease_lost
+from django_leasequeue.attempt_events import report_lease_lost
 from django_leasequeue.models import Job
 from django_leasequeue.worker.completer import Completer
 from tests.support import claim, context_for, run_claimed

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from django_leasequeue import enqueue, worker_metrics
-from django_leasequeue.executor import uninstall_attempt_hook
+from django_leasequeue.attempt_hooks import uninstall_attempt_hook
 from django_leasequeue.testing import drain
 from django_leasequeue.testing.lost_lease import simulate_lost_lease
 

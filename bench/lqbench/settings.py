@@ -8,6 +8,8 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
   commit with ``synchronous_commit = off``; see docs/howto/performance.md).
 * ``LQBENCH_PREPARED_CLAIMS=1``: ``LEASEQUEUE["PREPARED_CLAIMS"] = True`` (claims prepared, generic plan).
+* ``LQBENCH_ASYNC_SLOTS=N``: ``LEASEQUEUE["ASYNC_SLOTS"] = N`` (0: the worker claims no async job, as
+  one without ``async def`` tasks does).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
 * ``LQBENCH_TRANSACTION_POOLING=1``: ``PGHOST``/``PGPORT`` is a PgBouncer in transaction mode
   (server-side cursors off: one declared outside a transaction would outlive it on a server
@@ -58,6 +60,8 @@ if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":
     LEASEQUEUE["ASYNC_COMPLETIONS"] = True
 if os.environ.get("LQBENCH_PREPARED_CLAIMS") == "1":
     LEASEQUEUE["PREPARED_CLAIMS"] = True
+if os.environ.get("LQBENCH_ASYNC_SLOTS"):
+    LEASEQUEUE["ASYNC_SLOTS"] = int(os.environ["LQBENCH_ASYNC_SLOTS"])
 
 LOGGING = {
     "version": 1,

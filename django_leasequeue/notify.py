@@ -76,6 +76,10 @@ class Wakeable(Protocol):
     def wake(self) -> None:
         """Cut the service's current wait short."""
 
+    def wake_for_due(self) -> None:
+        """A job of a served queue was enqueued, due now: cut the wait short (and claim for every
+        kind of task the service runs)."""
+
     def wake_for_run_at(self, at: float) -> None:
         """A job of a served queue becomes due at ``at`` (POSIX seconds, database clock): cut the
         wait short unless it already ends by then."""
@@ -97,7 +101,7 @@ class Listener(Service):
     def run_once(self) -> float:
         if self._conn is None or self._conn.closed:
             self._conn = listen_connection(self.worker.alias, self.channel)
-            self.worker.wake()  # anything enqueued while we were not listening
+            self.worker.wake_for_due()  # anything enqueued while we were not listening
         queues = self.worker.queues
         try:
             for note in self._conn.notifies(timeout=0.5):
@@ -105,7 +109,7 @@ class Listener(Service):
                 queue, at = parse_payload(note.payload)
                 if queues is None or queue in queues:
                     if at is None:
-                        self.worker.wake()
+                        self.worker.wake_for_due()
                     else:
                         self.worker.wake_for_run_at(at)
                 if self.stopping:

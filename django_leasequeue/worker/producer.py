@@ -40,10 +40,16 @@ AFTER_SHORT_CLAIM = 0.003
 # busy (saturated, or their claim of the same round got every job it asked for). A worker that
 # registers any ``async def`` task otherwise sends a second claim statement with every refill of its
 # threads, and during a backlog of thread jobs that claim finds nothing each time: a round trip and
-# its Python work per batch (measured: a 1 x 1 no-op drain ran about a fifth slower). An async job
-# due meanwhile waits at most this much longer; with the threads not busy (an idle worker woken by
-# a NOTIFY) the async claim is never skipped.
+# its Python work per batch (measured: a 1 x 1 no-op drain ran about a fifth slower). With the
+# threads not busy (an idle worker woken by a NOTIFY) the async claim is never skipped.
 ASYNC_RECHECK = 0.05
+
+# The longest the skip above grows to. Each async claim that finds nothing doubles the next skip, so
+# a long backlog of thread jobs costs a few empty async claims, not twenty a second (measured: one
+# every 50 ms still left a 1 x 1 drain 10-30 % slower than with no async task registered). A NOTIFY
+# of an enqueue (:meth:`Producer.notified`) brings the skip back to ASYNC_RECHECK, so an async job
+# enqueued meanwhile waits at most that; without notifications it waits at most this.
+ASYNC_RECHECK_MAX = 1.0
 
 # The reason of the ``released`` history entry and event of a job given back by release_lost_claims.
 LOST_CLAIM_REASON = "claim reply lost"
@@ -99,8 +105,11 @@ class Producer:
         # The last split of the task names into thread and async tasks (see split_tasks()).
         self._split: tuple[tuple[str, ...], list[str], list[str]] | None = None
         # time.monotonic() until which the async claim is skipped while the threads are busy: the
-        # last one found nothing (see ASYNC_RECHECK).
+        # last one found nothing (see ASYNC_RECHECK); the next skip's length, and when the last
+        # async claim was sent.
         self.async_empty_until = 0.0
+        self.async_recheck = ASYNC_RECHECK
+        self.async_claimed_at = 0.0
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -183,7 +192,7 @@ class Producer:
             jobs = self._claim_batch(kind_names, kind_want, now)
             got += len(jobs)
             if is_async:
-                self.async_empty_until = now + ASYNC_RECHECK if not jobs else 0.0
+                self._note_async_claim(now, found=bool(jobs))
             items = [pool.hold(job) for job in jobs]
             with pool.lock:
                 for item in items:
@@ -216,13 +225,32 @@ class Producer:
         if got:
             # Ran dry: let the threads start what they were handed before the next claim runs.
             return AFTER_SHORT_CLAIM if ran_dry else 0.0
-        if async_skipped:
-            # The threads are saturated: the async claim waits for the end of ASYNC_RECHECK (a
-            # freed thread or any other wake may come first), not for the poll interval.
+        if async_skipped or (async_names and claim_sync and not want):
+            # The threads are saturated and no async job is due: the async claim waits for the end
+            # of its skip (a freed thread or any other wake may come first), neither for the poll
+            # interval nor through the idle wait's look for the next run_at.
             return max(0.0, self.async_empty_until - now)
         self.drained = idle
         self.found_nothing = True
         return None
+
+    def _note_async_claim(self, now: float, *, found: bool) -> None:
+        """Record an async claim sent at monotonic ``now``: one that found jobs ends the skip; one
+        that found none skips the async claim for :attr:`async_recheck` seconds while the threads
+        are busy, and doubles the next skip (up to :data:`ASYNC_RECHECK_MAX`)."""
+        self.async_claimed_at = now
+        if found:
+            self.async_empty_until, self.async_recheck = 0.0, ASYNC_RECHECK
+        else:
+            self.async_empty_until = now + self.async_recheck
+            self.async_recheck = min(self.async_recheck * 2, ASYNC_RECHECK_MAX)
+
+    def notified(self) -> None:
+        """A NOTIFY said that a job of a served queue was enqueued, due now (called on the
+        listener's thread): it may be an async job, so the async claim's skip ends
+        :data:`ASYNC_RECHECK` after the last async claim at the latest, and grows again from there."""
+        self.async_recheck = ASYNC_RECHECK
+        self.async_empty_until = min(self.async_empty_until, self.async_claimed_at + ASYNC_RECHECK)
 
     def split_tasks(self, names: list[str]) -> tuple[list[str], list[str]]:
         """``names`` split into the tasks run on the handler threads and the ``async def`` tasks run

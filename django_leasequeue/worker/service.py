@@ -345,6 +345,12 @@ class WorkerService(RegisteredService):
             return 0.0
         return self._idle_wait()
 
+    def wake_for_due(self) -> None:
+        """A NOTIFY of a job due now in a served queue (called by the listener's thread): wake the
+        loop, and end the producer's skip of the async claim soon (it may be an async job)."""
+        self.producer.notified()
+        self.wake()
+
     def wake_for_run_at(self, at: float) -> None:
         """A job of a served queue becomes ready for ``at`` (a notification of a delayed enqueue, a
         retry or a snooze; called by the listener's thread): cut the idle wait short unless it ends

@@ -20,7 +20,7 @@ from django_leasequeue.executor import SYNC_ONLY_HINT
 from django_leasequeue.models import Job
 from django_leasequeue.runtime import run_services
 from django_leasequeue.worker import WorkerService
-from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM, ASYNC_RECHECK
+from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM, ASYNC_RECHECK, ASYNC_RECHECK_MAX
 from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -407,6 +407,36 @@ def test_the_async_claim_is_skipped_while_the_threads_are_busy_after_it_found_no
         producer.async_empty_until = 0.0  # the recheck is due (instead of waiting 50 ms)
         worker.run_once()
         assert (worker.claimed, row(job.id).status) == (2, "leased")
+    finally:
+        worker.pool.stop_async()
+
+
+def test_empty_async_claims_back_off_while_the_threads_stay_busy_and_a_notify_ends_the_backoff():
+    """During a backlog of thread jobs, each async claim that finds nothing doubles the skip before
+    the next (ASYNC_RECHECK up to ASYNC_RECHECK_MAX), and the saturated loop waits for the skip's end,
+    not through the idle wait; a NOTIFY of an enqueue brings the skip back to ASYNC_RECHECK."""
+    sync_name.enqueue()
+    worker = WorkerService(queues=["default"], concurrency=1, reap=False, notify=False, prefetch_wait=0,
+                           async_slots=10)
+    producer = worker.producer
+    try:
+        assert worker.run_once() == 0.0  # the thread's job (held, never run here); no async job
+        skips = []
+        for _ in range(6):
+            producer.async_empty_until = 0.0  # the skip is over (instead of waiting it out)
+            delay = worker.run_once()  # the thread is taken: the async claim alone, finding nothing
+            skip = producer.async_empty_until - producer.async_claimed_at
+            skips.append(round(skip, 6))
+            assert (producer.found_nothing, 0.0 < delay <= skip) == (False, True)
+        assert skips == [0.1, 0.2, 0.4, 0.8, ASYNC_RECHECK_MAX, ASYNC_RECHECK_MAX]
+        assert worker.claimed == 1
+        worker.wake_for_due()  # what the listener does on a NOTIFY of a job due now
+        assert (producer.async_recheck, producer.async_empty_until) == (
+            ASYNC_RECHECK, producer.async_claimed_at + ASYNC_RECHECK)
+        job = async_name.enqueue()
+        producer.async_empty_until = 0.0
+        worker.run_once()
+        assert (worker.claimed, row(job.id).status, producer.async_recheck) == (2, "leased", ASYNC_RECHECK)
     finally:
         worker.pool.stop_async()
 

@@ -45,7 +45,6 @@ Figures go to ``build/bench/history.json``, the table to stdout and ``build/benc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -60,6 +59,7 @@ BUILD = os.path.join(REPO, "build", "bench")
 sys.path[:0] = [BENCH, REPO]
 
 import psycopg  # noqa: E402
+import report_files  # noqa: E402
 
 PG = {k: v for k, v in {"host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
                         "user": os.environ.get("PGUSER", "postgres"),
@@ -286,13 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                 admin(f'DROP DATABASE IF EXISTS "{v.db}" WITH (FORCE)')
     results["load_end"] = loadavg()
     results["total_s"] = time.monotonic() - t_all
-    text = report(cfg, rows, results)
-    print(text, flush=True)
-    with open(os.path.join(BUILD, "history.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(BUILD, "history.json"), "w") as f:
-        json.dump({"config": vars(cfg), "results": results, "rows": rows}, f, indent=1, default=str)
-    log(f"table: {os.path.join(BUILD, 'history.md')}; {results['total_s']:.0f} s")
+    path = report_files.save("history", report(cfg, rows, results),
+                             {"config": vars(cfg), "results": results, "rows": rows})
+    log(f"table: {path}; {results['total_s']:.0f} s")
     return 0
 
 

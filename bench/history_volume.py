@@ -30,7 +30,6 @@ Figures go to ``build/bench/history_volume.json``, the table to stdout and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -39,7 +38,8 @@ import sys
 import time
 from datetime import datetime, timedelta
 
-from history_bench import BATCH, BUILD, DRAIN, MANAGE, MOVE_AFTER, admin, claim_buffers, loadavg, log, mib, percentile
+import report_files
+from history_bench import BATCH, DRAIN, MANAGE, MOVE_AFTER, admin, claim_buffers, loadavg, log, mib, percentile
 
 BACKLOG = 100_000  # ready jobs in the hot table while the claim is measured, and jobs moved
 
@@ -165,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     days = -(-cfg.rows // cfg.per_day)
     cfg.retention = (days + 2) * 86400.0  # every filled day stays until the final drop
     cfg.first_id = 1_000_000_000  # history ids above anything the hot table's sequence hands out here
-    os.makedirs(BUILD, exist_ok=True)
     os.environ["LQBENCH_DB"] = cfg.db
     os.environ["DJANGO_SETTINGS_MODULE"] = "lqbench.settings"
     import django
@@ -232,13 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             admin(f'DROP DATABASE IF EXISTS "{cfg.db}" WITH (FORCE)')
     results["load_end"] = loadavg()
     results["total_s"] = time.monotonic() - t_all
-    text = report(cfg, points, results)
-    print(text, flush=True)
-    with open(os.path.join(BUILD, "history_volume.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(BUILD, "history_volume.json"), "w") as f:
-        json.dump({"config": vars(cfg), "results": results, "points": points}, f, indent=1, default=str)
-    log(f"table: {os.path.join(BUILD, 'history_volume.md')}")
+    path = report_files.save("history_volume", report(cfg, points, results),
+                             {"config": vars(cfg), "results": results, "points": points})
+    log(f"table: {path}")
     return 0
 
 

@@ -45,7 +45,6 @@ dropped at the end unless ``--keep``. Disk: about 0.5 GB per million rows per da
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -60,6 +59,7 @@ BUILD = os.path.join(REPO, "build", "bench")
 sys.path[:0] = [BENCH, REPO]
 
 import psycopg  # noqa: E402
+import report_files  # noqa: E402
 
 PG = {k: v for k, v in {"host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
                         "user": os.environ.get("PGUSER", "postgres"),
@@ -369,13 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 admin(f'DROP DATABASE IF EXISTS "{cfg.db}_{variant}" WITH (FORCE)')
     results["load_end"] = " ".join(open("/proc/loadavg").read().split()[:3])
-    text = report(cfg, built, results)
-    print(text, flush=True)
-    with open(os.path.join(BUILD, "prune.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(BUILD, "prune.json"), "w") as f:
-        json.dump({"config": vars(cfg), "built": built, "results": results}, f, indent=1, default=str)
-    log(f"table: {os.path.join(BUILD, 'prune.md')}; plans and figures: {BUILD}")
+    path = report_files.save("prune", report(cfg, built, results),
+                             {"config": vars(cfg), "built": built, "results": results})
+    log(f"table: {path}; plans and figures: {BUILD}")
     return 0
 
 

@@ -48,7 +48,8 @@ ASYNC_RECHECK = 0.05
 # a long backlog of thread jobs costs a few empty async claims, not twenty a second (measured: one
 # every 50 ms still left a 1 x 1 drain 10-30 % slower than with no async task registered). A NOTIFY
 # of an enqueue (:meth:`Producer.notified`) brings the skip back to ASYNC_RECHECK, so an async job
-# enqueued meanwhile waits at most that; without notifications it waits at most this.
+# enqueued meanwhile waits at most that, and one due later (:meth:`Producer.notified_run_at`) about
+# that past its run_at; without notifications it waits at most this.
 ASYNC_RECHECK_MAX = 1.0
 
 # The reason of the ``released`` history entry and event of a job given back by release_lost_claims.
@@ -110,6 +111,9 @@ class Producer:
         self.async_empty_until = 0.0
         self.async_recheck = ASYNC_RECHECK
         self.async_claimed_at = 0.0
+        # time.monotonic() of the earliest run_at notified as due later and not yet claimed for
+        # (see notified_run_at()), or None.
+        self.async_due_at: float | None = None
 
     def prefetch_allowance(self) -> int:
         """How many jobs to hold beyond the threads: as many as the threads are expected to start
@@ -239,10 +243,15 @@ class Producer:
         that found none skips the async claim for :attr:`async_recheck` seconds while the threads
         are busy, and doubles the next skip (up to :data:`ASYNC_RECHECK_MAX`)."""
         self.async_claimed_at = now
+        due = self.async_due_at
+        if due is not None and due <= now:
+            self.async_due_at = due = None  # this claim looked for it
         if found:
             self.async_empty_until, self.async_recheck = 0.0, ASYNC_RECHECK
         else:
             self.async_empty_until = now + self.async_recheck
+            if due is not None:  # a job notified as due later: the skip ends by its run_at
+                self.async_empty_until = min(self.async_empty_until, max(due, now + ASYNC_RECHECK))
             self.async_recheck = min(self.async_recheck * 2, ASYNC_RECHECK_MAX)
 
     def notified(self) -> None:
@@ -251,6 +260,24 @@ class Producer:
         :data:`ASYNC_RECHECK` after the last async claim at the latest, and grows again from there."""
         self.async_recheck = ASYNC_RECHECK
         self.async_empty_until = min(self.async_empty_until, self.async_claimed_at + ASYNC_RECHECK)
+
+    def notified_run_at(self, at: float) -> None:
+        """A NOTIFY said that a job of a served queue becomes due at ``at`` (POSIX seconds, database
+        clock: a delayed enqueue, a retry, a snooze; called on the listener's thread). It may be an
+        async job, and no NOTIFY comes when it falls due: the async claim's skip ends by then (but
+        not sooner than :data:`ASYNC_RECHECK` after the last async claim), and a claim that still
+        finds it not due backs off from ASYNC_RECHECK again, not from the grown skip."""
+        clock_us = self.claim_clock_us
+        if clock_us is None:  # no claim sent yet: nothing is skipped
+            return
+        # The database clock read by the latest claim, taken as read when that claim started: the
+        # estimate errs early (by the claim's round trip), which costs one empty claim at most.
+        due = self.claim_started + (at - clock_us / 1e6)
+        # Kept until an async claim is sent after it (a skip that ends first must not grow past it).
+        self.async_due_at = due if self.async_due_at is None else min(self.async_due_at, due)
+        until = max(due, self.async_claimed_at + ASYNC_RECHECK)
+        if until < self.async_empty_until:
+            self.async_empty_until = until
 
     def split_tasks(self, names: list[str]) -> tuple[list[str], list[str]]:
         """``names`` split into the tasks run on the handler threads and the ``async def`` tasks run

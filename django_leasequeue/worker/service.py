@@ -360,6 +360,9 @@ class WorkerService(RegisteredService):
         Args:
             at: the job's ``run_at`` as POSIX seconds of the database clock.
         """
+        # It may be an async job: the producer's skip of the async claim must end by ``at``, or the
+        # job would wait up to ASYNC_RECHECK_MAX past it while the threads are busy.
+        self.producer.notified_run_at(at)
         with self._wait_lock:
             ends = self._wait_ends_at
         if ends is None or at < ends:

@@ -441,6 +441,44 @@ def test_empty_async_claims_back_off_while_the_threads_stay_busy_and_a_notify_en
         worker.pool.stop_async()
 
 
+def test_a_notify_of_a_job_due_later_ends_the_async_backoff_by_its_run_at():
+    """A NOTIFY of a job due later (a delayed enqueue, a retry, a snooze: no NOTIFY comes when it
+    falls due) ends the grown skip of the async claim by the job's run_at, not up to
+    ASYNC_RECHECK_MAX past it, and the backoff starts again from ASYNC_RECHECK; one due after the
+    skip's end leaves the skip as it is."""
+    sync_name.enqueue()
+    worker = WorkerService(queues=["default"], concurrency=1, reap=False, notify=False, prefetch_wait=0,
+                           async_slots=10)
+    producer = worker.producer
+    try:
+        assert worker.run_once() == 0.0  # the thread's job (held, never run here)
+        for _ in range(5):
+            producer.async_empty_until = 0.0
+            worker.run_once()  # the async claim alone, finding nothing: the skip grows
+        claimed_at, clock = producer.async_claimed_at, producer.claim_clock_us / 1e6
+        assert round(producer.async_empty_until - claimed_at, 6) == ASYNC_RECHECK_MAX
+        started = producer.claim_started  # the last claim was that async claim, sent at claimed_at
+        assert claimed_at <= started < claimed_at + ASYNC_RECHECK
+        worker.wake_for_run_at(clock + ASYNC_RECHECK_MAX + 5.0)  # due after the skip's end
+        assert (round(producer.async_empty_until - claimed_at, 6), producer.async_recheck) == (
+            ASYNC_RECHECK_MAX, ASYNC_RECHECK_MAX)
+        worker.wake_for_run_at(clock + 0.3)  # due 0.3 s after the last claim read the clock
+        assert (producer.async_empty_until, producer.async_recheck) == (
+            started + ((clock + 0.3) - clock), ASYNC_RECHECK_MAX)
+        worker.wake_for_run_at(clock + 0.01)  # never sooner than ASYNC_RECHECK after the last async claim
+        assert producer.async_empty_until == claimed_at + ASYNC_RECHECK
+        # An empty async claim sent before the job due later (the skip ended sooner): its skip, of
+        # ASYNC_RECHECK_MAX, ends by that run_at all the same.
+        producer.async_due_at = None
+        worker.wake_for_run_at(clock + 0.5)
+        producer.async_empty_until = 0.0
+        worker.run_once()
+        assert (producer.async_empty_until, producer.async_due_at) == (started + ((clock + 0.5) - clock),) * 2
+        assert worker.claimed == 1
+    finally:
+        worker.pool.stop_async()
+
+
 def test_the_async_claim_is_not_skipped_when_the_threads_find_nothing():
     """An idle worker (no thread job due) claims async jobs at once, however recently an async
     claim found nothing."""

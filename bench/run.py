@@ -516,7 +516,7 @@ def c_wal_bytes(c: psycopg.Connection, own: int | None, *spans: tuple[str, str])
 
 def bench_drain(cfg: Config, dbs: Databases, processes: int, threads: int, async_completions: bool,
                 workdir: str, profile_to: str | None = None) -> list[dict]:
-    label = f"drain {processes}x{threads}{' async' if async_completions else ''}"
+    label = f"drain {processes}x{threads}{' ASYNC_COMPLETIONS' if async_completions else ''}"
 
     def one(rep: int) -> dict:
         spies: list[subprocess.Popen] = []

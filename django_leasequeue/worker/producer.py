@@ -94,8 +94,11 @@ class Producer:
         # The last round ran a claim that found nothing due (not saturated, not throttled): the
         # worker then looks up when its next job is due.
         self.found_nothing = False
-        # time.monotonic() at the start of the last claim statement.
+        # time.monotonic() at the start of the last claim statement, and at the start of the last
+        # round's first one (the thread claim, when an async claim followed it): the idle wait looks
+        # for the next run_at from there, so a job due between the two claims is not skipped.
         self.claim_started = 0.0
+        self.round_started = 0.0
         # The latest claim clock received (ClaimResult.clock_us; before the first claim, the clock
         # read then), in epoch microseconds: every job this worker holds was leased at or before it.
         self.claim_clock_us: int | None = None
@@ -178,7 +181,7 @@ class Producer:
         if self.claim_clock_us is None:
             self.claim_clock_us = store.claim_clock_us(alias=self.alias)
         got = 0
-        short = ran_dry = async_skipped = False
+        short = ran_dry = async_skipped = sent = False
         throttle_waits: list[float] = []
         for kind_names, kind_want, is_async in ((sync_names, want, False), (async_names, want_async, True)):
             if kind_want <= 0:
@@ -194,6 +197,8 @@ class Producer:
                 # as the handler thread wakes, which is the idle latency this pause exists for).
                 continue
             jobs = self._claim_batch(kind_names, kind_want, now)
+            if not sent:
+                self.round_started, sent = self.claim_started, True
             got += len(jobs)
             if is_async:
                 self._note_async_claim(now, found=bool(jobs))

@@ -380,7 +380,7 @@ class WorkerService(RegisteredService):
         if not self.producer.found_nothing:
             return wait  # saturated: freed threads wake the loop, and no thread could take a job
         # From the start of that claim: a job that became due since is not skipped (wait 0).
-        nxt = store.job_next_run_at(self.queues, since=time.monotonic() - self.producer.claim_started,
+        nxt = store.job_next_run_at(self.queues, since=time.monotonic() - self.producer.round_started,
                                     alias=self.alias)
         if nxt.seconds is not None:
             wait = max(0.0, min(wait, nxt.seconds))

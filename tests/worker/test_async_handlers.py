@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -475,6 +476,29 @@ def test_a_notify_of_a_job_due_later_ends_the_async_backoff_by_its_run_at():
         worker.run_once()
         assert (producer.async_empty_until, producer.async_due_at) == (started + ((clock + 0.5) - clock),) * 2
         assert worker.claimed == 1
+    finally:
+        worker.pool.stop_async()
+
+
+def test_the_idle_wait_looks_for_the_next_run_at_from_the_thread_claim_not_the_async_claim_after_it():
+    """With async tasks a round sends two claims, the thread claim first. The idle wait's look-up
+    of the next run_at counts from the first: a thread job that fell due between the two claims
+    is claimed at once, not at the next wake or poll (10 s here)."""
+    job = sync_name.enqueue()
+    Job.objects.filter(pk=job.id).update(run_at=store.db_now() + timedelta(seconds=3))
+    worker = WorkerService(queues=["default"], concurrency=1, reap=False, notify=False, prefetch_wait=0,
+                           poll_interval=10, async_slots=10)
+    producer = worker.producer
+    try:
+        assert 2.5 < worker.run_once() <= 3.0  # both claims found nothing; the wait ends at the run_at
+        assert producer.round_started < producer.claim_started  # the async claim came second
+        # As if the thread claim had started 5 s ago, the async claim 1 s ago, and the job had
+        # fallen due between them.
+        Job.objects.filter(pk=job.id).update(run_at=store.db_now() - timedelta(seconds=4))
+        producer.round_started -= 5.0
+        producer.claim_started -= 1.0
+        assert worker._idle_wait() == 0.0
+        assert (worker.run_once(), worker.claimed, row(job.id).status) == (0.0, 1, "leased")
     finally:
         worker.pool.stop_async()
 

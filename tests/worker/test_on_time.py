@@ -197,6 +197,6 @@ def test_a_job_due_between_the_empty_claim_and_the_look_up_is_claimed_at_once():
     assert 2.5 < worker.run_once() <= 3.0
     # As if the claim had started 5 s ago and the job became due 1 s after it.
     Job.objects.filter(pk=job.pk).update(run_at=store.db_now() - timedelta(seconds=4))
-    worker.producer.claim_started -= 5.0
+    worker.producer.round_started -= 5.0
     assert worker._idle_wait() == 0.0
     assert worker.run_once() == 0.0 and worker.claimed == 1

@@ -1619,10 +1619,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if cfg.render:
         old_cfg, old_results = load_results(cfg.render)
+        # Written into the docs, the table links the plot copied there (not the run's build path).
+        old_cfg.write_docs = cfg.write_docs
         text = report(old_cfg, old_results)
         print(text, flush=True)
         if cfg.write_docs:
             write_docs(text)
+            plot = old_results.get("scale_plot")
+            if plot and os.path.exists(plot):
+                shutil.copyfile(plot, scale_bench.DOCS_PLOT)
+                log(f"scale plot copied to {scale_bench.DOCS_PLOT}")
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="leasequeue-bench-")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 import pytest
 
-from django_leasequeue import store
+from django_leasequeue import registry, store
 from django_leasequeue.conf import get_settings
 from django_leasequeue.context import JobContext
 from django_leasequeue.executor import Executor
@@ -103,3 +105,18 @@ def job_in(job_id: int, *statuses: str):
     from django_leasequeue.models import Job
 
     return Job.objects.filter(pk=job_id, status__in=statuses).first()
+
+
+@contextmanager
+def tasks_registered(specs: Iterable[registry.TaskSpec[..., Any]]) -> Iterator[None]:
+    """Register the task specs ``specs`` (made by ``@task`` and taken out of the registry by their
+    module, as testproject's ``qa.async_tasks`` are) for the block, and take them out again after;
+    tolerantly, as other test modules register the same ones."""
+    specs = list(specs)
+    for spec in specs:
+        registry.register_task(spec)
+    try:
+        yield
+    finally:
+        for spec in specs:
+            registry._REGISTRY.pop(spec.name, None)

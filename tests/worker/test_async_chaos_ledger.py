@@ -21,7 +21,7 @@ from qa.models import Effect
 
 from django_leasequeue import enqueue_many, registry
 from django_leasequeue.models import Job
-from tests.support import wait_for
+from tests.support import tasks_registered, wait_for
 from tests.support.chaos.harness import CHAOS_ENV, analyse_runs, db_now, read_runs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.process]
@@ -34,11 +34,8 @@ ENV = {**CHAOS_ENV, "LEASEQUEUE_ASYNC_TASKS": "1"}
 
 @pytest.fixture(autouse=True)
 def _registered():
-    for spec in ASYNC_TASKS:
-        registry.register_task(spec)
-    yield
-    for spec in ASYNC_TASKS:
-        registry._REGISTRY.pop(spec.name, None)
+    with tasks_registered(ASYNC_TASKS):
+        yield
 
 
 @dataclass

@@ -22,7 +22,7 @@ from django_leasequeue.models import Job
 from django_leasequeue.runtime import run_services
 from django_leasequeue.worker import WorkerService
 from django_leasequeue.worker.producer import AFTER_SHORT_CLAIM, ASYNC_RECHECK, ASYNC_RECHECK_MAX
-from tests.support import wait_for
+from tests.support import tasks_registered, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,11 +171,8 @@ for _task in ASYNC_TASKS:
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    for spec in ASYNC_TASKS:
-        registry.register_task(spec)
-    yield
-    for spec in ASYNC_TASKS:
-        registry._REGISTRY.pop(spec.name, None)
+    with tasks_registered(ASYNC_TASKS):
+        yield
 
 
 def drain(*, async_slots: int = 50, concurrency: int = 2, **settings: Any) -> WorkerService:

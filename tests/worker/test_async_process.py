@@ -10,7 +10,7 @@ from qa.async_tasks import ASYNC_TASKS
 
 from django_leasequeue import enqueue_many, registry
 from django_leasequeue.models import Job
-from tests.support import wait_for
+from tests.support import tasks_registered, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -24,11 +24,8 @@ ENV = {"LEASEQUEUE_ASYNC_TASKS": "1", "LEASEQUEUE_SHUTDOWN_GRACE": "1"}
 @pytest.fixture(autouse=True)
 def _registered():
     # For enqueue in this process; unregistered after (see qa.async_tasks).
-    for spec in ASYNC_TASKS:
-        registry.register_task(spec)
-    yield
-    for spec in ASYNC_TASKS:
-        registry._REGISTRY.pop(spec.name, None)
+    with tasks_registered(ASYNC_TASKS):
+        yield
 
 
 def test_a_runworker_runs_300_async_jobs_at_once_on_its_event_loop(spawn):

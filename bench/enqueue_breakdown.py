@@ -3,7 +3,11 @@
 Measures, back to back on one scratch database, the time per call of (each a loop of ``--n``
 calls, every call its own transaction and commit)::
 
-    enqueue() durable                  Task.enqueue(), synchronous_commit as the server has it
+    enqueue() durable                  Task.enqueue(), synchronous_commit as the server has it, with
+                                       the defaults: its INSERT prepared with SQL PREPARE
+                                       (``PREPARED_STATEMENTS``)
+    enqueue() unprepared               the same with ``PREPARED_STATEMENTS`` off (parsed and planned
+                                       on every call)
     enqueue() synchronous_commit off   the same with ``SET synchronous_commit = off`` for this session
     enqueue() prepared                 the same, durable, with prepared statements allowed on the
                                        connection (psycopg ``prepare_threshold`` set, as
@@ -40,11 +44,13 @@ sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # loops and lqbench, then the wo
 import psycopg  # noqa: E402
 from loops import connect, load_average, per_call, print_table, rounds, scratch_database  # noqa: E402
 
-ROWS = ["enqueue", "sync_off", "enqueue_prepared", "plain4", "ours", "ours_no_notify", "ours_prepared", "build_job"]
+ROWS = ["enqueue", "enqueue_unprepared", "sync_off", "enqueue_prepared", "plain4", "ours", "ours_no_notify",
+        "ours_prepared", "build_job"]
 LABELS = {
-    "enqueue": "enqueue() durable",
+    "enqueue": "enqueue() durable (defaults: its INSERT prepared with SQL PREPARE)",
+    "enqueue_unprepared": "enqueue() durable, PREPARED_STATEMENTS off",
     "sync_off": "enqueue() with synchronous_commit off (session)",
-    "enqueue_prepared": "enqueue() durable, prepared statements allowed (its INSERT prepared)",
+    "enqueue_prepared": "enqueue() durable, psycopg prepared statements allowed (prepare_threshold)",
     "plain4": "bare psycopg: INSERT one 4-column row + commit",
     "ours": "bare psycopg: enqueue()'s INSERT + commit",
     "ours_no_notify": "bare psycopg: enqueue()'s INSERT without NOTIFY + commit",
@@ -72,6 +78,7 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
 
     django.setup()
     from django.db import connection
+    from django.test import override_settings
     from lqbench.tasks import noop
 
     from django_leasequeue import registry
@@ -87,7 +94,8 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
             captured.append((sql, params))
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(capture):
+    # Captured unprepared: the INSERT as its text, not as EXECUTE of a prepared statement.
+    with connection.execute_wrapper(capture), override_settings(LEASEQUEUE={"PREPARED_STATEMENTS": False}):
         noop.enqueue()
     sql, params = captured[0]
     quiet = {**params, "notify": False} if isinstance(params, dict) else params
@@ -122,8 +130,13 @@ def run(db: str, rows: list[str], n: int, reps: int) -> int:
         finally:
             pg.prepare_threshold = saved
 
+    def unprepared_loop() -> float:
+        with override_settings(LEASEQUEUE={"PREPARED_STATEMENTS": False}):
+            return loop(noop.enqueue)
+
     bodies: dict[str, Callable[[], float]] = {
         "enqueue": lambda: loop(noop.enqueue),
+        "enqueue_unprepared": unprepared_loop,
         "sync_off": sync_off_loop,
         "enqueue_prepared": prepared_loop,
         "plain4": lambda: loop(lambda: raw.execute("INSERT INTO enqbd_plain (queue, payload) VALUES (%s, %s)",

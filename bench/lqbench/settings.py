@@ -7,7 +7,8 @@ Environment (set by ``bench/run.py`` and by the peers-harness adapter):
 * ``LQBENCH_LEASE`` (seconds, default 30), ``LQBENCH_POLL_INTERVAL`` (default 1).
 * ``LQBENCH_ASYNC_COMPLETIONS=1``: ``LEASEQUEUE["ASYNC_COMPLETIONS"] = True`` (completion batches
   commit with ``synchronous_commit = off``; see docs/howto/performance.md).
-* ``LQBENCH_PREPARED_CLAIMS=1``: ``LEASEQUEUE["PREPARED_CLAIMS"] = True`` (claims prepared, generic plan).
+* ``LQBENCH_PREPARED_STATEMENTS=0``: ``LEASEQUEUE["PREPARED_STATEMENTS"] = False`` (claims and the
+  one-job enqueue parsed and planned on every call; on by default).
 * ``LQBENCH_ASYNC_SLOTS=N``: ``LEASEQUEUE["ASYNC_SLOTS"] = N`` (0: the worker claims no async job, as
   one without ``async def`` tasks does).
 * ``LQBENCH_NOTIFY=0``: no NOTIFY on enqueue either (the worker side uses ``--no-notify``).
@@ -58,8 +59,8 @@ if os.environ.get("LQBENCH_FAIR") == "1":  # the flow section's fair-claiming dr
     LEASEQUEUE["QUEUES"] = {"default": {"fair": True}}
 if os.environ.get("LQBENCH_ASYNC_COMPLETIONS") == "1":
     LEASEQUEUE["ASYNC_COMPLETIONS"] = True
-if os.environ.get("LQBENCH_PREPARED_CLAIMS") == "1":
-    LEASEQUEUE["PREPARED_CLAIMS"] = True
+if os.environ.get("LQBENCH_PREPARED_STATEMENTS") == "0":
+    LEASEQUEUE["PREPARED_STATEMENTS"] = False
 if os.environ.get("LQBENCH_ASYNC_SLOTS"):
     LEASEQUEUE["ASYNC_SLOTS"] = int(os.environ["LQBENCH_ASYNC_SLOTS"])
 

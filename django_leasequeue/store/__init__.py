@@ -87,6 +87,7 @@ from ._db import (
     db_now,
     logger,
 )
+from ._prepared import MAX_PER_CONNECTION, MAX_SENDS, may_prepare, prepared_form, run_prepared
 from .claim import (
     JOB_CLAIM,
     JOB_CLAIM_ANY_QUEUE,
@@ -320,7 +321,7 @@ from .workflows import (
 
 __all__ = [
     "JOB_CLAIM_FAIR", "RATE_KEY_PRUNE", "fair_order", "rate_key_log", "rate_key_prune",
-    "PREPARED_CLAIM_SETTINGS",
+    "PREPARED_CLAIM_SETTINGS", "MAX_PER_CONNECTION", "MAX_SENDS", "may_prepare", "prepared_form", "run_prepared",
     "CLOCK", "CLOCK_OFFSET_GET", "CLOCK_OFFSET_SET", "CLOCK_RAW_NOW", "CancelCounts", "ClaimResult",
     "ClaimedJob", "Completed", "DeadLettered", "FLOW_KEYS_WAITING", "FlowMetrics", "JIT_OFF_LOCAL", "JOB_CANCEL_LEASED",
     "JOB_CLAIM", "JOB_CLAIM_ANY_QUEUE", "JOB_CLAIM_ANY_QUEUE_RATED", "JOB_CLAIM_IDS", "JOB_CLAIM_RATED",

@@ -3,24 +3,21 @@ the one way to run a statement, JSON encoding and decoding, and the decoding of 
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
-import re
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Self, cast
 
-from django.db import DatabaseError, ProgrammingError, connections, router, transaction
+from django.db import ProgrammingError, connections, router, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import Cursor, errors
 from psycopg.abc import Params, QueryNoTemplate
 
 from ..exceptions import NotMigrated
 from ..models import Job, JobStat, QueueState, ReaperSweep, Schedule, WorkerProcess
+from ._prepared import may_prepare, run_prepared
 
 logger = logging.getLogger("django_leasequeue.store")
 
@@ -144,20 +141,19 @@ class _PreparingCursor(Cursor[Any]):
 
 
 def _run_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
-    """:func:`_run` as a server-side prepared statement when ``alias``'s connection allows prepared
-    statements, else exactly :func:`_run`.
+    """:func:`_run` for a short statement run on every call (the one-job enqueue), prepared where
+    the connection allows it: PostgreSQL's parsing and planning are then done once per connection
+    instead of on every call, the larger part of the statement's time.
 
-    For a short statement run on every call (the one-job enqueue) PostgreSQL's parsing and planning
-    are a large part of its time; a prepared statement is parsed and planned once per connection.
-    A connection allows them when its psycopg ``prepare_threshold`` is not None: Django's backend
-    sets None unless ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]`` says otherwise, because a
-    prepared statement is server session state that a pooler in transaction mode must carry
-    (PgBouncer 1.21 or later with ``max_prepared_statements``; docs/howto/pgbouncer.md). Whoever
-    turned them on for the alias has such a pooler or none; with None nothing is prepared.
-
-    The statement still runs through Django's cursor wrapper (its error translation, execute
-    wrappers and query logging): only the psycopg cursor inside it differs from Django's default
-    client-side binding one.
+    - The connection allows psycopg's prepared statements (its ``prepare_threshold`` is not None:
+      ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]`` set; Django's backend sets None so that
+      poolers work, and whoever set it has PgBouncer 1.21+ with ``max_prepared_statements`` or no
+      pooler): prepared by psycopg from its first call, in a caller's transaction too. Only the
+      psycopg cursor inside Django's cursor wrapper differs from Django's default.
+    - Else, in autocommit outside a transaction with ``PREPARED_STATEMENTS`` on
+      (:func:`._prepared.may_prepare`): SQL ``PREPARE``/``EXECUTE``, safe behind any pooler
+      (:mod:`._prepared`).
+    - Else exactly :func:`_run`.
 
     Args:
         sql: the statement (``%(name)s`` placeholders).
@@ -167,14 +163,20 @@ def _run_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result
     Returns:
         The statement's :class:`_Result` (rows and row count).
     """
-    with _cursor(alias) as cur:
-        pg = cur.db.connection
-        if pg.prepare_threshold is not None:
+    connection = connections[alias]
+    connection.ensure_connection()
+    if connection.connection.prepare_threshold is not None:
+        with _cursor(alias) as cur:
             cur.cursor.close()  # Django's client-side binding cursor, unused (it holds nothing on the server)
-            cur.cursor = _PreparingCursor(pg)
-        cur.execute(sql, params)
-        rows = cur.fetchall() if cur.rownumber is not None else []
-        return _Result(rows, cur.rowcount, None)
+            cur.cursor = _PreparingCursor(connection.connection)
+            cur.execute(sql, params)
+            rows = cur.fetchall() if cur.rownumber is not None else []
+            return _Result(rows, cur.rowcount, None)
+    if may_prepare(alias):
+        ran = run_prepared(sql, params, alias=alias)
+        if ran is not None:
+            return _Result(ran[0], ran[1], None)
+    return _run(sql, params, alias=alias)
 
 
 # JIT compilation off for the claim statement alone. The claims run every few milliseconds and take
@@ -193,80 +195,38 @@ def _jit_off_here(alias: str) -> bool:
     return not connections[alias].in_atomic_block
 
 
-# Prepared claims (PREPARED_CLAIMS): the claim runs as ``EXECUTE`` of a statement prepared once per
-# connection, with a generic plan, which is planned once: the custom plans PostgreSQL would
-# otherwise make cost 0.7-1.0 ms of planning per claim. The settings hold for the claim's own
-# implicit transaction only (a generic plan made with JIT off keeps it off).
+# Prepared claims (``PREPARED_STATEMENTS``, :mod:`._prepared`): the claim runs as ``EXECUTE`` of a
+# statement prepared once per server connection, with a generic plan, which is planned once: the
+# custom plans PostgreSQL would otherwise make cost 0.7-1.0 ms of planning per claim. The settings
+# hold for the claim's own implicit transaction only (a generic plan made with JIT off keeps it off),
+# and for the triggers its UPDATE fires, so they stay to settings those triggers are written for:
+# join switches here would reach the chart counters' trigger, whose plan PL/pgSQL keeps for the
+# session (tests/monitoring/test_job_stats_cost.py). The generic plan does not know the LIMIT, and
+# expects a tenth of the due rows: the claims join them to the table by ``id = ANY(ARRAY(...))``,
+# one primary-key probe per picked row whatever the estimate (a join let a plan made behind a
+# large backlog walk the primary key from its lowest id, through every leased and finished row).
 PREPARED_CLAIM_SETTINGS = "SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan"
-_PARAM = re.compile(r"%\((\w+)\)s")
-# psycopg connection -> the names of the claim statements prepared on it (gone with the connection).
-_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-@functools.cache
-def _prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
-    """``(name, PREPARE statement, parameter names in $n order)`` of a claim statement."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    body = _PARAM.sub(number, sql)
-    name = "leasequeue_claim_" + hashlib.sha1(sql.encode()).hexdigest()[:12]
-    return name, f"PREPARE {name} AS {body}", tuple(names)
-
-
-def _run_claim_prepared(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
-    """Run a one-statement claim as ``EXECUTE`` of a prepared statement with a generic plan, in one
-    round trip: ``SET LOCAL ...; SET LOCAL ...; EXECUTE name(...)`` runs as one implicit
-    transaction, as the unprepared claim does. The statement is prepared (one more round trip) the
-    first time a connection runs it. A connection that lost it (``DISCARD ALL``) prepares it again
-    and retries at once: the refused ``EXECUTE`` ran nothing.
-
-    Raises:
-        DatabaseError: the claim failed (as :func:`_run` raises).
-    """
-    name, prepare, names = _prepared_form(sql)
-    execute = f"{PREPARED_CLAIM_SETTINGS}; EXECUTE {name}({', '.join(f'%({n})s' for n in names)})"
-    connection = connections[alias]
-    with connection.cursor() as cur:
-        done = _prepared.setdefault(connection.connection, set())
-        if name not in done:
-            cur.execute(prepare)
-            done.add(name)
-        try:
-            cur.execute(execute, params)
-        except DatabaseError as exc:
-            if not isinstance(exc.__cause__, errors.InvalidSqlStatementName):
-                raise
-            cur.execute(prepare)
-            cur.execute(execute, params)
-        cur.nextset()
-        cur.nextset()  # past the two SETs' empty results, to the claim's rows
-        return _Result(cur.fetchall(), cur.rowcount, cur.description)
-
-
-def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str, prepared: bool = False) -> _Result:
+def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str) -> _Result:
     """:func:`_run` (with ``describe``) for a one-statement claim, with JIT compilation off for that
     statement only (:data:`JIT_OFF_LOCAL`), leaving no session state behind.
 
-    With Django's default client-side binding both go in one message, ``SET LOCAL jit = off;
-    <claim>``: PostgreSQL runs the statements of one simple query as one implicit transaction, so
-    the setting holds for the claim's planning and ends with it, and the claim still costs one
-    round trip. Server-side binding (``OPTIONS["server_side_binding"]``) sends parameters with the
-    extended protocol, which takes one statement per message: there the two run in a transaction
-    of their own. Inside a caller's transaction the claim runs as it is (:func:`_jit_off_here`).
+    - In autocommit outside a transaction, with ``PREPARED_STATEMENTS`` on and client-side binding
+      (:func:`._prepared.may_prepare`): ``EXECUTE`` of the claim prepared once per server
+      connection, with a generic plan (:data:`PREPARED_CLAIM_SETTINGS`), in one message.
+    - Else, with Django's default client-side binding, ``SET LOCAL jit = off; <claim>`` in one
+      message: PostgreSQL runs the statements of one simple query as one implicit transaction, so
+      the setting holds for the claim's planning and ends with it, and the claim still costs one
+      round trip.
+    - Server-side binding sends parameters with the extended protocol, which takes one statement
+      per message: there the two run in a transaction of their own.
+    - Inside a caller's transaction the claim runs as it is (:func:`_jit_off_here`).
 
     Args:
         sql: the claim statement (``%(name)s`` placeholders).
         params: its parameters.
         alias: the database alias.
-
-        prepared: run it as a prepared statement with a generic plan (``PREPARED_CLAIMS``:
-            :func:`_run_claim_prepared`), outside a caller's transaction and with client-side
-            binding only (server-side binding sends one statement per message).
 
     Returns:
         The claim's :class:`_Result` (rows, row count, column description).
@@ -274,10 +234,11 @@ def _run_claim(sql: str, params: Mapping[str, Any], *, alias: str, prepared: boo
     connection = connections[alias]
     if not _jit_off_here(alias):
         return _run(sql, params, alias=alias, describe=True)
-    server_side_binding = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
-    if prepared and not server_side_binding:
-        return _run_claim_prepared(sql, params, alias=alias)
-    if server_side_binding:
+    if may_prepare(alias):
+        ran = run_prepared(sql, params, alias=alias, settings=PREPARED_CLAIM_SETTINGS)
+        if ran is not None:
+            return _Result(*ran)
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
         with transaction.atomic(using=alias):
             _run(JIT_OFF_LOCAL, alias=alias)
             return _run(sql, params, alias=alias, describe=True)

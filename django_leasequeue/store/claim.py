@@ -146,8 +146,8 @@ SET status = 'leased',
     leased_by = %(worker)s,
     started_at = coalesce(j.started_at, clock.now),
     attempted_at = clock.now
-FROM picked, clock
-WHERE j.id = picked.id
+FROM clock
+WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
           (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until_us,
           coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
@@ -182,8 +182,8 @@ SET status = 'leased',
     leased_by = %(worker)s,
     started_at = coalesce(j.started_at, clock.now),
     attempted_at = clock.now
-FROM picked, clock
-WHERE j.id = picked.id
+FROM clock
+WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
 RETURNING j.id, j.task, j.queue, j.args, j.kwargs, j.attempts, j.max_attempts, j.lease_version,
           (extract(epoch FROM j.leased_until) * 1000000)::bigint AS leased_until_us,
           coalesce(j.lease_seconds, %(lease)s) AS lease_seconds,
@@ -281,8 +281,7 @@ def job_claim(*, queues: Sequence[str] | None, limit: int, worker_id: str, lease
                               "queues": list(queues) if queues is not None else None}
     rated = sorted(q for q in (rate_limits or {}) if queues is None or q in queues)
     if not rated:
-        result = _run_claim(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias,
-                            prepared=settings.prepared_claims)
+        result = _run_claim(JOB_CLAIM if queues is not None else JOB_CLAIM_ANY_QUEUE, params, alias=alias)
         return _decode_claims(result.rows, _column_names(result.description), alias, worker_id=worker_id, now=now)
     rows, description = flow._claim_rated(params, queues, rated, rate_limits, alias=alias)
     names = _column_names(description)

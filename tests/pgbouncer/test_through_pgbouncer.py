@@ -62,3 +62,36 @@ def test_a_worker_leaves_no_session_setting_on_the_pooled_server_connection(spaw
     with psycopg.connect(dbname=connection.settings_dict["NAME"], host="127.0.0.1", port=bouncer.port,
                          user=connection.settings_dict["USER"], autocommit=True) as after:
         assert after.execute("SHOW jit").fetchone()[0] == jit_before == "on"
+
+
+def test_prepared_statements_through_a_small_transaction_pool(spawn, pgbouncer):
+    """``PREPARED_STATEMENTS`` (on by default) behind transaction pooling: three worker processes
+    and the enqueuing test share two server connections, so a client's next transaction often gets
+    a server connection that lacks its statement, or that another client prepared it on already.
+    Each refusal is answered in the next message (store/_prepared.py): every job runs once, with one
+    claim, and the server connections end up holding the claim statement."""
+    bouncer = pgbouncer("transaction", pool_size=2)
+    dsn = {"dbname": connection.settings_dict["NAME"], "host": "127.0.0.1", "port": bouncer.port,
+           "user": connection.settings_dict["USER"], "autocommit": True}
+    # Two processes enqueue one job per call, in autocommit (each INSERT prepared), then three
+    # workers drain: every process shares the same two server connections.
+    singles = 60
+    script = f"from qa.tasks import record\nfor _ in range({singles}): record.enqueue(tag='pgb-prepared')"
+    enqueuers = [spawn("shell", "-c", script, env=bouncer.env()) for _ in range(2)]
+    for enqueuer in enqueuers:
+        assert enqueuer.wait(60) == 0, enqueuer.output() + bouncer.output()
+    n = 2 * singles + 100
+    assert enqueue_many("qa.record", [([], {"tag": "pgb-prepared"}) for _ in range(100)]) == 100
+    assert Job.objects.filter(task="qa.record").count() == n
+    workers = [spawn("runworker", "--burst", "--concurrency", "2", "--no-notify", env=bouncer.env()) for _ in range(3)]
+    for worker in workers:
+        assert worker.wait(90) == 0, worker.output() + bouncer.output()
+    assert Execution.objects.filter(tag="pgb-prepared").count() == n
+    assert Execution.objects.filter(tag="pgb-prepared").values("job_id").distinct().count() == n
+    assert sorted(set(Job.objects.filter(task="qa.record").values_list("status", "lease_version", "attempts"))) == \
+        [("done", 1, 1)]
+    assert len(bouncer.admin("SHOW SERVERS")) <= 2
+    with psycopg.connect(**dsn) as pooled:
+        held = pooled.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'leasequeue_%'")
+        held = held.fetchone()[0]
+    assert held >= 1

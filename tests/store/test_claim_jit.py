@@ -5,6 +5,7 @@ on the connection, which behind PgBouncer in transaction mode the next client wo
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 
 from django_leasequeue import store
 from django_leasequeue.store import JIT_OFF_LOCAL
@@ -45,7 +46,10 @@ def test_a_claim_leaves_the_sessions_jit_setting_as_it_was():
 
 
 def test_the_plain_claim_is_one_round_trip_with_jit_off_first(sent):
-    claim()
+    """Unprepared (``PREPARED_STATEMENTS`` off); the prepared claim's message carries the same
+    ``SET LOCAL`` (tests/store/test_claim_prepared.py)."""
+    with override_settings(LEASEQUEUE={"PREPARED_STATEMENTS": False}):
+        claim()
     claims = [s for s in sent if "leasequeue_job" in s]
     assert len(claims) == 1 and len(sent) == 1, sent
     assert claims[0].startswith(f"{JIT_OFF_LOCAL}; ")

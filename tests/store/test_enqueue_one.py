@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 
 from django_leasequeue import enqueue, store, task
 from django_leasequeue.models import Job
@@ -76,20 +77,25 @@ def test_the_insert_lists_only_the_columns_a_plain_job_sets():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("threshold", [None, 5], ids=["unprepared", "prepared"])
-def test_the_insert_is_prepared_only_when_the_connection_allows_it(threshold):
+@pytest.mark.parametrize(("threshold", "sql_prepare"), [(None, False), (None, True), (5, True)],
+                         ids=["unprepared", "sql-prepare", "psycopg-prepare"])
+def test_the_insert_is_prepared_as_the_connection_and_settings_allow(threshold, sql_prepare):
+    """psycopg prepares it (protocol level) where the connection allows it, in a transaction too;
+    else ``PREPARED_STATEMENTS`` (on by default) prepares it with SQL ``PREPARE`` in autocommit
+    only; with neither nothing is prepared."""
     connection.close()  # a new session: no statement prepared yet
     connection.ensure_connection()
     connection.connection.prepare_threshold = threshold
     try:
-        # The first run prepares inside a transaction that rolls back: the statement stays prepared
-        # (a session object) and the next calls use it.
-        with pytest.raises(RuntimeError), transaction.atomic():
-            enqueue("qa.record", ["rolled back"])
-            raise RuntimeError
-        for _ in range(3):
-            enqueue("qa.record", ["a"])
-        enqueue("qa.record", ["a"], unique_key="one-prepared")
+        with override_settings(LEASEQUEUE={"PREPARED_STATEMENTS": sql_prepare}):
+            # psycopg prepares inside a transaction that rolls back too: the statement stays
+            # prepared (a session object) and the next calls use it. SQL PREPARE is not used there.
+            with pytest.raises(RuntimeError), transaction.atomic():
+                enqueue("qa.record", ["rolled back"])
+                raise RuntimeError
+            for _ in range(3):
+                enqueue("qa.record", ["a"])
+            enqueue("qa.record", ["a"], unique_key="one-prepared")
         assert list(Job.objects.values_list("args", flat=True)) == [["a"]] * 4
         with connection.cursor() as cur:
             cur.execute("SELECT statement FROM pg_prepared_statements")
@@ -98,5 +104,24 @@ def test_the_insert_is_prepared_only_when_the_connection_allows_it(threshold):
         connection.close()
     # One per statement text (a plain job, a job with a unique key); nothing else is prepared.
     plain = "INSERT INTO leasequeue_job (task, queue, priority, max_attempts, args, kwargs, run_at, created_at"
-    expected = [] if threshold is None else [f"{plain})", f"{plain}, unique_key)"]
-    assert sorted(statement.split("\n", 1)[0] for statement in prepared) == expected
+    if threshold is None and sql_prepare:
+        firsts = sorted(statement.split("\n", 1)[0].split(" AS ", 1)[1] for statement in prepared)
+        assert all(statement.startswith("PREPARE leasequeue_") for statement in prepared)
+    else:
+        firsts = sorted(statement.split("\n", 1)[0] for statement in prepared)
+    assert firsts == ([] if not sql_prepare else [f"{plain})", f"{plain}, unique_key)"])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("name", "call"), CALLS, ids=[c[0] for c in CALLS])
+def test_the_returned_job_is_the_stored_row_when_prepared_in_autocommit(name, call):
+    """Outside a transaction the INSERT of every set of options runs as ``EXECUTE`` of a
+    statement prepared with SQL ``PREPARE`` (PostgreSQL infers each parameter's type from the
+    statement): the job returned is still the stored row, field by field."""
+    connection.close()
+    job = call()
+    assert _fields(job) == _fields(Job.objects.get(pk=job.pk))
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'PREPARE leasequeue_%%INSERT%%'")
+        # A sequenced job's INSERT runs in the transaction of its sequence lock: not prepared.
+        assert cur.fetchone()[0] == (0 if job.sequence_key else 1)

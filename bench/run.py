@@ -1377,6 +1377,10 @@ def report(cfg: Config, results: dict) -> str:
     w(f"Host: {os.cpu_count()} CPUs; load average at start {results['load_start']}, at end {results.get('load_end')}; "
       f"PostgreSQL {results.get('server_version', '?')}, synchronous_commit={results.get('sync_commit', '?')}; "
       f"run took {results.get('duration_s', 0) / 60:.1f} min ({results.get('started', '?')}).")
+    if results.get("prepared_statements") is False:
+        w("")
+        w("`PREPARED_STATEMENTS` off (`LQBENCH_PREPARED_STATEMENTS=0`): claims and single enqueues parsed and "
+          "planned on every call.")
     if cfg.quick:
         w("")
         per_peer = f", {cfg.peers_n:,} per peer" if "peers" in cfg.sections else ""
@@ -1392,11 +1396,12 @@ def report(cfg: Config, results: dict) -> str:
         r = results["enqueue"]
         single = median([x["single_per_s"] for x in r])
         bulk = median([x["bulk_per_s"] for x in r])
-        w(f"| enqueue single (one `enqueue()` per transaction), jobs/s | {spread(r, 'single_per_s')} "
+        w(f"| enqueue single (one `enqueue()` per transaction; SQL-prepared unless `PREPARED_STATEMENTS` is off), "
+          f"jobs/s | {spread(r, 'single_per_s')} "
           f"| {TARGETS['enqueue single']} | {single_enqueue_verdict(results, single)} |")
         if any(x.get("single_prepared_per_s") is not None for x in r):
             prepared = median([x["single_prepared_per_s"] for x in r if x.get("single_prepared_per_s") is not None])
-            w(f"| enqueue single, its INSERT prepared (`prepare_threshold` set), jobs/s | "
+            w(f"| enqueue single, its INSERT prepared by psycopg (`prepare_threshold` set), jobs/s | "
               f"{spread(r, 'single_prepared_per_s')} | {TARGETS['enqueue single']} "
               f"| {single_enqueue_verdict(results, prepared)} |")
         w(f"| enqueue_many (10,000 in one statement), jobs/s | {spread(r, 'bulk_per_s')} | {TARGETS['enqueue bulk']} "
@@ -1632,7 +1637,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="leasequeue-bench-")
-    results: dict = {"load_start": load_average(), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results: dict = {"load_start": load_average(), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "prepared_statements": os.environ.get("LQBENCH_PREPARED_STATEMENTS") != "0"}
     with connect("postgres") as c:
         results["server_version"] = c.execute("SHOW server_version").fetchone()[0]
         results["sync_commit"] = c.execute("SHOW synchronous_commit").fetchone()[0]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import django
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "leasequeue-test-project-not-secret")
@@ -62,6 +63,13 @@ TEMPLATES = [
     }
 ]
 
+# The tests' own database. Its name must start with "test_": the process tests refuse to start
+# commands on any other database (tests/conftest.py), so that no test ever writes to a real one.
+_TEST_DB_NAME = os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None
+if _TEST_DB_NAME is not None and not _TEST_DB_NAME.startswith("test_"):
+    raise ImproperlyConfigured(f"LEASEQUEUE_TEST_DB_NAME={_TEST_DB_NAME!r} must start with 'test_' "
+                               "(unset, the tests use test_<LEASEQUEUE_DB_NAME>)")
+
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
@@ -71,7 +79,7 @@ DATABASES = {
         "HOST": os.environ.get("PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("PGPORT", "5432"),
         "CONN_MAX_AGE": 600,
-        "TEST": {"NAME": os.environ.get("LEASEQUEUE_TEST_DB_NAME") or None},
+        "TEST": {"NAME": _TEST_DB_NAME},
     }
 }
 _DB_OPTIONS: dict[str, str | int] = {}

@@ -21,8 +21,8 @@ anything ran:
   prepared it there) fails with 42P05 (``duplicate_prepared_statement``): sent again as
   ``EXECUTE`` alone;
 - an ``EXECUTE`` whose statement's result columns changed type under it (a migration altered a
-  column) fails with 0A000 "cached plan must not change result type": sent again as
-  ``DEALLOCATE ...; PREPARE ...; EXECUTE ...``;
+  column) fails with 0A000 (``feature_not_supported``: "cached plan must not change result type"):
+  sent again as ``DEALLOCATE ...; PREPARE ...; EXECUTE ...``;
 - after :data:`MAX_SENDS` refused messages in a row the caller runs its statement unprepared.
 
 A statement's name is a hash of its text, so one name is always one statement, on every server
@@ -98,7 +98,10 @@ def _refusal(exc: DatabaseError) -> str | None:
         return "prepare"
     if isinstance(cause, errors.DuplicatePreparedStatement):
         return "execute"
-    if isinstance(cause, errors.FeatureNotSupported) and "cached plan must not change result type" in str(cause):
+    if isinstance(cause, errors.FeatureNotSupported):
+        # "cached plan must not change result type", by its SQLSTATE alone: the message is
+        # translated with the server's lc_messages. A 0A000 of another cause fails again after the
+        # new PREPARE, and after MAX_SENDS the caller's unprepared statement raises it as it would.
         return "replace"
     return None
 

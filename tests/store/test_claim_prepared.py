@@ -7,8 +7,9 @@ failed claim (store/_prepared.py)."""
 
 import re
 
+import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, NotSupportedError, connection, transaction
 from django.test import override_settings
 from invoices.tasks import flaky_sync
 
@@ -137,6 +138,30 @@ def test_a_statement_whose_result_type_changed_is_prepared_again(sent):
     finally:
         with connection.cursor() as cur:
             cur.execute("DROP TABLE lq_prepared_probe")
+
+
+def test_a_changed_result_type_is_recognised_by_its_sqlstate_in_any_language():
+    """The server translates its messages (``lc_messages``): the refusal is told by SQLSTATE."""
+    german = psycopg.errors.FeatureNotSupported("gecachter Plan darf den Ergebnistyp nicht ändern")
+    try:
+        raise DatabaseError("wrapped") from german
+    except DatabaseError as exc:
+        assert _prepared._refusal(exc) == "replace"
+    try:
+        raise DatabaseError("wrapped") from psycopg.errors.UniqueViolation("doppelter Schlüsselwert")
+    except DatabaseError as exc:
+        assert _prepared._refusal(exc) is None
+
+
+def test_a_feature_not_supported_error_of_the_statement_itself_still_reaches_the_caller(sent):
+    """Any other 0A000 (here PostgreSQL's refusal of FOR UPDATE with an aggregate) is sent at most
+    ``MAX_SENDS`` times; then the caller runs the statement unprepared, which raises it."""
+    sql = "SELECT count(*) FROM leasequeue_job WHERE %(n)s::int = 1 FOR UPDATE"
+    sent.clear()
+    assert _prepared.run_prepared(sql, {"n": 1}, alias="default") is None
+    assert len(sent) == _prepared.MAX_SENDS
+    with pytest.raises(NotSupportedError), connection.cursor() as cur:
+        cur.execute(sql, {"n": 1})
 
 
 def test_after_repeated_refusals_the_claim_runs_unprepared(sent, monkeypatch):

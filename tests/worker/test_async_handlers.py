@@ -397,10 +397,14 @@ def test_the_async_claim_is_skipped_while_the_threads_are_busy_after_it_found_no
     try:
         assert worker.run_once() == 0.0  # the thread's job; the async claim found nothing: not a dry queue
         assert (worker.claimed, producer.async_empty_until > 0) == (1, True)
+        assert round(producer.async_empty_until - producer.async_claimed_at, 6) == ASYNC_RECHECK
         job = async_name.enqueue()
-        # The thread is taken (its job is held, never run here): the async claim waits for the recheck.
+        # The thread is taken (its job is held, never run here): the async claim waits for the
+        # recheck, and the loop sleeps until then. The recheck is put 30 s ahead, so that the time
+        # the enqueue took on a loaded machine cannot end the skip before the next round.
+        producer.async_empty_until = time.monotonic() + 30
         delay = worker.run_once()
-        assert 0.0 < delay <= 0.05
+        assert 25.0 < delay <= 30.0
         assert (worker.claimed, row(job.id).status) == (1, "ready")
         producer.async_empty_until = 0.0  # the recheck is due (instead of waiting 50 ms)
         worker.run_once()

@@ -198,13 +198,13 @@ def _jit_off_here(alias: str) -> bool:
 # Prepared claims (``PREPARED_STATEMENTS``, :mod:`._prepared`): the claim runs as ``EXECUTE`` of a
 # statement prepared once per server connection, with a generic plan, which is planned once: the
 # custom plans PostgreSQL would otherwise make cost 0.7-1.0 ms of planning per claim. The settings
-# hold for the claim's own implicit transaction only (a generic plan made with JIT off keeps it off),
-# and for the triggers its UPDATE fires, so they stay to settings those triggers are written for:
-# join switches here would reach the chart counters' trigger, whose plan PL/pgSQL keeps for the
-# session (tests/monitoring/test_job_stats_cost.py). The generic plan does not know the LIMIT, and
-# expects a tenth of the due rows: the claims join them to the table by ``id = ANY(ARRAY(...))``,
-# one primary-key probe per picked row whatever the estimate (a join let a plan made behind a
-# large backlog walk the primary key from its lowest id, through every leased and finished row).
+# hold for the claim's own implicit transaction only (a generic plan made with JIT off keeps it off).
+# They also reach the triggers the claim's UPDATE fires, so they are only these two: join switches
+# here would reach the chart counters' trigger, whose plan PL/pgSQL keeps for the session
+# (tests/monitoring/test_job_stats_cost.py). The generic plan does not know the LIMIT and expects a
+# tenth of the due rows, so the claims take the picked rows by ``id = ANY(ARRAY(...))``: one
+# primary-key probe per picked row whatever the estimate (a join let a plan made behind a large
+# backlog walk the primary key from its lowest id, through every leased and finished row).
 PREPARED_CLAIM_SETTINGS = "SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan"
 
 

@@ -75,6 +75,18 @@ def prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
     return name, f"PREPARE {name} AS {body}", tuple(names)
 
 
+@functools.cache
+def _messages(sql: str, settings: str) -> tuple[str, dict[str, str]]:
+    """``(name, {form: message})`` of ``sql`` with ``settings`` before its ``EXECUTE``: the three
+    forms :func:`run_prepared` sends, built once per statement (the claim and the enqueue run them
+    on every call)."""
+    name, prepare, names = prepared_form(sql)
+    execute = f"{settings}; " if settings else ""
+    execute += f"EXECUTE {name}({', '.join(f'%({n})s' for n in names)})"
+    return name, {"execute": execute, "prepare": f"{prepare}; {execute}",
+                  "replace": f"DEALLOCATE {name}; {prepare}; {execute}"}
+
+
 def may_prepare(alias: str) -> bool:
     """True when a statement on ``alias`` may run as ``EXECUTE`` of a prepared statement here:
     ``PREPARED_STATEMENTS`` is on, the connection is in autocommit outside any ``atomic()`` block
@@ -128,9 +140,7 @@ def run_prepared(sql: str, params: Mapping[str, Any], *, alias: str,
         DatabaseError: the statement failed for any other reason (as the unprepared statement
             would).
     """
-    name, prepare, names = prepared_form(sql)
-    execute = f"EXECUTE {name}({', '.join(f'%({n})s' for n in names)})"
-    prefix = f"{settings}; " if settings else ""
+    name, messages = _messages(sql, settings)
     connection = connections[alias]
     with connection.cursor() as cur:
         known = _known.setdefault(connection.connection, set())
@@ -138,11 +148,8 @@ def run_prepared(sql: str, params: Mapping[str, Any], *, alias: str,
             return None
         form = "execute" if name in known else "prepare"
         for _ in range(MAX_SENDS):
-            message = {"execute": f"{prefix}{execute}",
-                       "prepare": f"{prepare}; {prefix}{execute}",
-                       "replace": f"DEALLOCATE {name}; {prepare}; {prefix}{execute}"}[form]
             try:
-                cur.execute(message, params)
+                cur.execute(messages[form], params)
             except DatabaseError as exc:
                 refusal = _refusal(exc)
                 if refusal is None:
